@@ -1,0 +1,244 @@
+"""Loop policies: what counts as a loop, and what explains a repetition away.
+
+A policy is an immutable value; all per-run state lives in :class:`~tripwire.core.watch.RunState`.
+Everything that can be worked out once (the per-tool retry table, the version string) is
+worked out at construction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
+from types import MappingProxyType
+from typing import Any, Final
+
+from tripwire.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "KeyMode",
+    "LoopPolicy",
+    "ResultEvidence",
+    "RetryPolicy",
+    "SEED_POLICY",
+]
+
+POLICY_SCHEME: Final = "p1"
+
+
+class KeyMode(str, Enum):
+    """What makes two calls "the same action"."""
+
+    TOOL_ARGS = "tool+args"
+    """Tool name and canonical arguments (default)."""
+    TOOL = "tool"
+    """Tool name only: for small tool catalogs, or when arguments are never recorded."""
+
+
+class ResultEvidence(str, Enum):
+    """Which tools' results count as progress evidence when they change."""
+
+    OFF = "off"
+    """Results are never evidence."""
+    POLLING = "polling"
+    """Only the results of tools listed in ``polling_tools``."""
+    ALL = "all"
+    """Any tool's result: the same call giving a new result is new evidence."""
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(name, value, f"an integer >= {minimum}")
+
+
+def _non_negative(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ConfigError(name, value, "a number >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """A declared retry policy: repeats inside it are ``retrying``, not ``stuck``.
+
+    A repeat is covered when the previous identical call failed with a covered error, the
+    attempt number is at most ``max_attempts``, and the observed gap since that failure is at
+    least ``interval_s * backoff_rate ** (attempt - 2) - tolerance_s``.
+    """
+
+    errors: frozenset[str] = frozenset()
+    """Error classes (``error.type`` values) this policy retries."""
+    retryable_flag: bool = True
+    """Also cover any error the tool explicitly marked ``retryable=True``."""
+    max_attempts: int = 3
+    """Attempts in all, the first included: attempt ``max_attempts + 1`` is no longer covered."""
+    interval_s: float = 0.0
+    """The delay before the second attempt."""
+    backoff_rate: float = 1.0
+    """Each further delay is the previous one times this."""
+    tolerance_s: float = 0.0
+    """How much shorter than the schedule an observed gap may be (clock jitter)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "errors", frozenset(self.errors))
+        _positive_int("RetryPolicy.max_attempts", self.max_attempts)
+        _non_negative("RetryPolicy.interval_s", self.interval_s)
+        _non_negative("RetryPolicy.tolerance_s", self.tolerance_s)
+        if isinstance(self.backoff_rate, bool) or not isinstance(self.backoff_rate, (int, float)) or not self.backoff_rate >= 1:
+            raise ConfigError("RetryPolicy.backoff_rate", self.backoff_rate, "a number >= 1")
+
+    def covers(self, error_type: str | None, retryable: bool | None) -> bool:
+        """True when a failure with this error class / retryable flag is one this policy retries."""
+        if error_type is None and retryable is None:
+            return False
+        if retryable is False:
+            return False
+        if error_type is not None and error_type in self.errors:
+            return True
+        return bool(self.retryable_flag and retryable)
+
+    def min_gap_s(self, attempt: int) -> float:
+        """The shortest gap before ``attempt`` (2 = first retry) that the schedule allows."""
+        if attempt < 2:
+            return 0.0
+        return self.interval_s * self.backoff_rate ** (attempt - 2) - self.tolerance_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoopPolicy:
+    """When a run counts as looping, and what explains a repetition (leases, retries, evidence).
+
+    ``None`` turns an optional rule off. Make variants with :meth:`evolve`.
+    """
+
+    name: str = "default"
+    """A label recorded in the version string (``default``, ``seed``, or your own)."""
+    window: int = 10
+    """How many of the most recent calls the repetition rule looks at."""
+    threshold: int = 4
+    """How many identical calls within ``window`` trip the repetition rule."""
+    key: KeyMode = KeyMode.TOOL_ARGS
+    """What makes two calls the same: tool + arguments, or the tool name only."""
+    max_period: int | None = 3
+    """Longest cycle the period rule looks for (2..max_period); ``None`` turns the rule off."""
+    min_repeats: int = 3
+    """How many times a cycle must repeat back to back to trip the period rule."""
+    same_error: int | None = None
+    """Trip after this many consecutive failed calls with the same error class, whatever the
+    arguments (``None`` = off)."""
+    result_evidence: ResultEvidence = ResultEvidence.POLLING
+    """Whose changed results count as progress: none, polling tools only, or every tool."""
+    polling_tools: frozenset[str] = frozenset()
+    """Tools that legitimately repeat while waiting for something: a changed result is progress."""
+    require_evidence: bool = False
+    """When a rule trips and no evidence at all was supplied, say ``uncertain`` instead of
+    ``stuck``."""
+    name_only: str = "uncertain"
+    """Verdict for a tripped rule whose signatures carry no arguments (capture switched off),
+    under the ``tool+args`` key: ``"uncertain"`` (default) or ``"stuck"``."""
+    retry: RetryPolicy | None = None
+    """A retry policy for every tool without one in ``retry_per_tool``."""
+    retry_per_tool: Mapping[str, RetryPolicy] = field(default_factory=dict)
+    """Retry policies by tool name."""
+    max_lease_renewals: int = 3
+    """A lease renewed more often than this is ignored."""
+    confirm: int = 1
+    """Consecutive tripped evaluations needed before ``stuck`` (2 = hysteresis for noisy
+    collectors). Never delays ``retry_of_non_retryable``."""
+    version: str = field(init=False, compare=False)
+    """A stable digest of every field above: record it with every verdict."""
+
+    def __post_init__(self) -> None:
+        _positive_int("window", self.window)
+        _positive_int("threshold", self.threshold, 2)
+        if self.threshold > self.window:
+            raise ConfigError(
+                "threshold", self.threshold, f"at most window ({self.window}) or the rule never trips"
+            )
+        try:
+            object.__setattr__(self, "key", KeyMode(self.key))
+        except ValueError:
+            raise ConfigError("key", self.key, "'tool+args' or 'tool'") from None
+        try:
+            object.__setattr__(self, "result_evidence", ResultEvidence(self.result_evidence))
+        except ValueError:
+            raise ConfigError("result_evidence", self.result_evidence, "'off', 'polling' or 'all'") from None
+        if self.max_period is not None:
+            _positive_int("max_period", self.max_period, 2)
+        _positive_int("min_repeats", self.min_repeats, 2)
+        if self.same_error is not None:
+            _positive_int("same_error", self.same_error, 2)
+        if self.name_only not in ("uncertain", "stuck"):
+            raise ConfigError("name_only", self.name_only, "'uncertain' or 'stuck'")
+        _positive_int("max_lease_renewals", self.max_lease_renewals, 0)
+        _positive_int("confirm", self.confirm)
+        object.__setattr__(self, "polling_tools", frozenset(self.polling_tools))
+        for tool, rp in self.retry_per_tool.items():
+            if not isinstance(rp, RetryPolicy):
+                raise ConfigError(f"retry_per_tool[{tool!r}]", rp, "a RetryPolicy")
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise ConfigError("retry", self.retry, "a RetryPolicy or None")
+        object.__setattr__(self, "retry_per_tool", MappingProxyType(dict(self.retry_per_tool)))
+        object.__setattr__(self, "version", f"{POLICY_SCHEME}:{self.name}:{self._digest()}")
+
+    def _digest(self) -> str:
+        parts: list[str] = []
+        for f in fields(self):
+            if f.name in ("version", "name"):
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, (frozenset, set)):
+                value = sorted(value)
+            elif isinstance(value, Mapping):
+                value = sorted((k, repr(v)) for k, v in value.items())
+            elif isinstance(value, Enum):
+                value = value.value
+            parts.append(f"{f.name}={value!r}")
+        return hashlib.sha256(";".join(parts).encode()).hexdigest()[:10]
+
+    def evolve(self, **changes: Any) -> LoopPolicy:
+        """A copy with ``changes`` applied (validated again)."""
+        return replace(self, **changes)
+
+    def retry_for(self, tool: str) -> RetryPolicy | None:
+        """The retry policy that applies to ``tool``, if any."""
+        return self.retry_per_tool.get(tool, self.retry)
+
+    def result_is_evidence(self, tool: str) -> bool:
+        """True when a changed result of ``tool`` counts as progress."""
+        mode = self.result_evidence
+        if mode is ResultEvidence.ALL:
+            return True
+        return mode is ResultEvidence.POLLING and tool in self.polling_tools
+
+    @classmethod
+    def preset(cls, name: str) -> LoopPolicy:
+        """A named preset: ``default`` or ``seed`` (see :data:`PRESETS`)."""
+        try:
+            return PRESETS[name]
+        except KeyError:
+            raise ConfigError("preset", name, f"one of {sorted(PRESETS)}") from None
+
+    @classmethod
+    def with_polling(cls, tools: Iterable[str], **kwargs: Any) -> LoopPolicy:
+        """A policy where changed results of ``tools`` count as progress."""
+        return cls(polling_tools=frozenset(tools), **kwargs)
+
+
+DEFAULT_POLICY: Final = LoopPolicy()
+"""The default policy."""
+
+SEED_POLICY: Final = LoopPolicy(
+    name="seed",
+    window=10,
+    threshold=4,
+    max_period=None,
+    result_evidence=ResultEvidence.OFF,
+    name_only="stuck",
+)
+"""The plain repetition rule (same tool + arguments 4 times in 10 calls), nothing else."""
+
+PRESETS: Final[Mapping[str, LoopPolicy]] = MappingProxyType(
+    {"default": DEFAULT_POLICY, "seed": SEED_POLICY}
+)

@@ -1,0 +1,419 @@
+"""The loop watcher's core: per-run state, the repetition and period rules, and the verdict.
+
+One :class:`RunState` per run holds the last ``window`` call keys in a ring with a count per
+key (the repetition rule is O(1) per call), and for each period p in 1..max_period the length
+of the current run of positions where ``call[i] == call[i - p]`` (the period rule is
+O(max_period) per call, independent of the window). Evidence (results, progress
+fingerprints) sits in parallel rings allocated only once a run supplies some.
+
+When a rule trips, the verdict is decided in this order (DESIGN.md, job 2):
+
+1. a valid dependency lease → ``waiting``;
+2. a retry policy covering the repeat → ``retrying``;
+3. progress evidence: an explicit progress fingerprint changed across the repeated calls, or a
+   result digest changed where results count as evidence → ``working``; no evidence at all
+   under ``require_evidence`` → ``uncertain``; name-only signatures → ``uncertain`` (default);
+4. otherwise → ``stuck``.
+
+A call repeated with the same arguments after an error explicitly marked non-retryable is
+``stuck`` at once (rule ``retry_of_non_retryable``), whatever the threshold or ``confirm``.
+
+A ``stuck``/``uncertain`` verdict stays in force until a whole window of calls passes without
+any rule tripping: a single different call inside a loop is not a recovery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from tripwire.core.events import Lease, ToolCall
+from tripwire.core.policy import KeyMode, LoopPolicy
+from tripwire.core.reasons import Rule, Verdict
+from tripwire.core.signature import Normalizer, Signature
+
+__all__ = ["Assessment", "RunState", "evaluate"]
+
+_ARGS_SWITCH: Final = (
+    "arguments were not recorded, so these calls may differ; switch argument capture on "
+    "(e.g. OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY, TRACELOOP_TRACE_CONTENT=true, "
+    "pydantic-ai include_content=True) or use LoopPolicy(key='tool')"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Assessment:
+    """The verdict on a run after one call, with what decided it.
+
+    Values are recorded at the call where the verdict began; they never hold raw arguments.
+    """
+
+    verdict: Verdict
+    """working / retrying / waiting / stuck / uncertain."""
+    rule: Rule | None = None
+    """The loop rule that tripped (``None`` when none did)."""
+    tool: str | None = None
+    """The tool of the call at which the rule tripped."""
+    digest: str | None = None
+    """Signature digest of that call (use a prefix in messages)."""
+    hits: int = 0
+    """How many times the repeated unit occurred (calls for repetition, cycles for period)."""
+    period: int | None = None
+    """Cycle length for the period rule, 1 for repetition, ``None`` when nothing tripped."""
+    window: int = 0
+    """The policy's window."""
+    call_index: int = 0
+    """1-based index, among the run's tool calls, of the call this assessment is about."""
+    reason: str = ""
+    """One sentence on why, naming the evidence (or its absence)."""
+    arguments_seen: bool = True
+    """False when the deciding signature had no arguments (name-only)."""
+    policy_version: str = ""
+    normalizer_version: str = ""
+
+
+class RunState:
+    """All mutable per-run state of the loop watcher (``__slots__``; a few hundred bytes).
+
+    Build one per run with :meth:`new`; feed it with :func:`evaluate`.
+    """
+
+    __slots__ = (
+        "calls",
+        "confirm_streak",
+        "counts",
+        "current",
+        "error_run",
+        "failures",
+        "keys",
+        "last_error",
+        "last_trip",
+        "lease",
+        "progress",
+        "results",
+        "runs",
+    )
+
+    def __init__(self, window: int, max_period: int) -> None:
+        self.calls = 0
+        """Calls observed so far."""
+        self.keys: list[int | None] = [None] * window
+        """Ring of the last ``window`` keys; slot ``(calls - 1) % window`` is the newest."""
+        self.counts: dict[int, int] = {}
+        """Occurrences of each key in the ring."""
+        self.runs: list[int] = [0] * (max_period + 1)
+        """runs[p]: trailing positions i with key[i] == key[i - p] (index 0 unused)."""
+        self.results: list[int | None] | None = None
+        """Ring of result digests (allocated on the first result)."""
+        self.progress: list[str | None] | None = None
+        """Ring of progress fingerprints (allocated on the first fingerprint)."""
+        self.failures: dict[int, tuple[str | None, bool | None, float | None, int]] | None = None
+        """Last failure of each signature still in the window: error, retryable, end, attempts."""
+        self.error_run = 0
+        """Consecutive failed calls with the same error class."""
+        self.last_error: str | None = None
+        self.lease: Lease | None = None
+        """A run-level dependency lease (a call's own lease takes precedence)."""
+        self.last_trip = -(10**9)
+        """Index of the last call at which a rule tripped."""
+        self.confirm_streak = 0
+        self.current: Assessment | None = None
+        """The verdict in force (``None`` until the first call)."""
+
+    @classmethod
+    def new(cls, policy: LoopPolicy) -> RunState:
+        """Empty state sized for ``policy``."""
+        return cls(policy.window, policy.max_period or 1)
+
+
+def evaluate(
+    state: RunState,
+    call: ToolCall,
+    policy: LoopPolicy,
+    normalizer: Normalizer,
+    *,
+    signature: Signature | None = None,
+    now_s: float | None = None,
+) -> Assessment | None:
+    """Record ``call`` in ``state`` and return the new assessment if the verdict changed.
+
+    Args:
+        state: the run's state (mutated).
+        call: the finished tool call.
+        policy: the loop policy (unchanged for the life of ``state``).
+        normalizer: the signature normalizer.
+        signature: the call's signature if the caller already computed it.
+        now_s: the time to judge leases at; defaults to the call's end (or start) time.
+
+    Returns:
+        The assessment when the verdict changed at this call, else ``None``; the verdict in
+        force is always ``state.current``.
+    """
+    sig = signature or normalizer.signature(call.tool, call.arguments)
+    args_key = sig.key
+    key = args_key if policy.key is KeyMode.TOOL_ARGS else normalizer.tool_signature(call.tool).key
+    window = policy.window
+    state.calls = index = state.calls + 1
+    slot = (index - 1) % window
+
+    # --- retry of a non-retryable failure: decided before anything else, never delayed ----
+    failures = state.failures
+    prior = failures.get(args_key) if failures else None
+    if prior is not None and prior[1] is False and not sig.name_only:
+        _push(state, policy, key, slot, call)
+        _remember_failure(state, args_key, call, prior)
+        state.last_trip = index
+        return _set(
+            state,
+            Assessment(
+                verdict=Verdict.STUCK,
+                rule=Rule.RETRY_OF_NON_RETRYABLE,
+                tool=call.tool,
+                digest=sig.digest,
+                hits=prior[3] + 1,
+                period=1,
+                window=window,
+                call_index=index,
+                reason=(
+                    f"{call.tool} was called again with identical arguments after an error "
+                    f"({prior[0] or 'unknown'}) marked non-retryable"
+                ),
+                policy_version=policy.version,
+                normalizer_version=normalizer.version,
+            ),
+        )
+
+    hits = _push(state, policy, key, slot, call)
+    _remember_failure(state, args_key, call, prior)
+
+    # --- the rules ----------------------------------------------------------------------
+    rule: Rule | None = None
+    period = 0
+    if hits >= policy.threshold:
+        rule, period = Rule.REPETITION, 1
+    elif policy.max_period is not None:
+        runs = state.runs
+        # A cycle whose unit is one call repeated is period 1: the repetition rule's job.
+        if runs[1] < index - 1 or index < 2:
+            need = policy.min_repeats - 1
+            for p in range(2, policy.max_period + 1):
+                if runs[p] >= need * p and runs[1] < p - 1:
+                    rule, period = Rule.PERIOD, p
+                    hits = runs[p] // p + 1
+                    break
+    if rule is None and policy.same_error is not None and state.error_run >= policy.same_error:
+        rule, period, hits = Rule.SAME_ERROR, 1, state.error_run
+
+    if rule is None:
+        state.confirm_streak = 0
+        current = state.current
+        if current is not None and current.verdict in (Verdict.STUCK, Verdict.UNCERTAIN):
+            if index - state.last_trip < window:
+                return None  # a loop verdict holds until a whole window passes without a trip
+        if current is not None and current.verdict is Verdict.WORKING:
+            return None
+        return _set(state, _working(call, index, policy, normalizer))
+
+    state.last_trip = index
+    assessment = _decide(
+        state, call, sig, policy, normalizer, rule, period, hits, index, now_s, prior
+    )
+    if assessment.verdict is Verdict.STUCK and policy.confirm > 1:
+        state.confirm_streak += 1
+        if state.confirm_streak < policy.confirm:
+            return None
+    return _set(state, assessment)
+
+
+def _set(state: RunState, assessment: Assessment) -> Assessment | None:
+    previous = state.current
+    state.current = assessment
+    if previous is not None and previous.verdict is assessment.verdict:
+        return None
+    return assessment
+
+
+def _working(call: ToolCall, index: int, policy: LoopPolicy, normalizer: Normalizer) -> Assessment:
+    return Assessment(
+        verdict=Verdict.WORKING,
+        call_index=index,
+        window=policy.window,
+        reason="no loop rule tripped",
+        policy_version=policy.version,
+        normalizer_version=normalizer.version,
+    )
+
+
+def _push(state: RunState, policy: LoopPolicy, key: int, slot: int, call: ToolCall) -> int:
+    """Put ``key`` in the ring and update counts, period runs and evidence; return its count."""
+    keys = state.keys
+    counts = state.counts
+    old = keys[slot]
+    if old is not None:
+        left = counts[old] - 1
+        if left:
+            counts[old] = left
+        else:
+            del counts[old]
+            failures = state.failures
+            if failures:
+                failures.pop(old, None)
+    keys[slot] = key
+    hits = counts.get(key, 0) + 1
+    counts[key] = hits
+
+    window = len(keys)
+    runs = state.runs
+    index = state.calls
+    for p in range(1, len(runs)):
+        if index > p and p < window and keys[(slot - p) % window] == key:
+            runs[p] += 1
+        else:
+            runs[p] = 0
+
+    if call.result_digest is not None or state.results is not None:
+        results = state.results
+        if results is None:
+            results = state.results = [None] * window
+        results[slot] = hash(call.result_digest) if call.result_digest is not None else None
+    if call.progress is not None or state.progress is not None:
+        progress = state.progress
+        if progress is None:
+            progress = state.progress = [None] * window
+        progress[slot] = call.progress
+
+    if call.error_type is not None:
+        state.error_run = state.error_run + 1 if call.error_type == state.last_error else 1
+        state.last_error = call.error_type
+    else:
+        state.error_run = 0
+        state.last_error = None
+    return hits
+
+
+def _remember_failure(
+    state: RunState,
+    args_key: int,
+    call: ToolCall,
+    prior: tuple[str | None, bool | None, float | None, int] | None,
+) -> None:
+    if call.failed or call.retryable is False:
+        if state.failures is None:
+            state.failures = {}
+        attempts = prior[3] + 1 if prior is not None else 1
+        state.failures[args_key] = (call.error_type, call.retryable, call.end_s, attempts)
+    elif prior is not None and state.failures is not None:
+        del state.failures[args_key]
+
+
+def _repeated_slots(state: RunState, key: int, rule: Rule, period: int, hits: int, window: int) -> list[int]:
+    """Ring slots of the calls that form the repetition, oldest first."""
+    index = state.calls
+    if rule is Rule.REPETITION:
+        span = min(index, window)
+        slots = [(index - 1 - back) % window for back in range(span - 1, -1, -1)]
+        return [s for s in slots if state.keys[s] == key]
+    span = min(index, window, period * hits if rule is Rule.PERIOD else hits)
+    return [(index - 1 - back) % window for back in range(span - 1, -1, -1)]
+
+
+def _decide(
+    state: RunState,
+    call: ToolCall,
+    sig: Signature,
+    policy: LoopPolicy,
+    normalizer: Normalizer,
+    rule: Rule,
+    period: int,
+    hits: int,
+    index: int,
+    now_s: float | None,
+    prior: tuple[str | None, bool | None, float | None, int] | None,
+) -> Assessment:
+    window = policy.window
+    key = sig.key if policy.key is KeyMode.TOOL_ARGS else _tool_key(normalizer, call.tool)
+
+    def verdict(v: Verdict, reason: str) -> Assessment:
+        return Assessment(
+            verdict=v,
+            rule=rule,
+            tool=call.tool,
+            digest=sig.digest,
+            hits=hits,
+            period=period,
+            window=window,
+            call_index=index,
+            reason=reason,
+            arguments_seen=not sig.name_only,
+            policy_version=policy.version,
+            normalizer_version=normalizer.version,
+        )
+
+    what = _describe(rule, call.tool, hits, period, window)
+
+    # 1. a valid dependency lease
+    lease = call.lease or state.lease
+    if lease is not None:
+        at = now_s if now_s is not None else (call.end_s if call.end_s is not None else call.start_s)
+        if at is not None and lease.valid_at(at, policy.max_lease_renewals):
+            return verdict(
+                Verdict.WAITING,
+                f"{what}, while {lease.owner} holds a lease until t={lease.deadline_s:g}",
+            )
+
+    # 2. a retry policy: the previous identical call failed with an error it covers, this is
+    # attempt <= max_attempts, and the gap since that failure follows the schedule.
+    retry = policy.retry_for(call.tool)
+    if retry is not None and prior is not None and retry.covers(prior[0], prior[1]):
+        attempt = call.attempt or prior[3] + 1
+        if attempt <= retry.max_attempts:
+            gap_ok = True
+            if call.start_s is not None and prior[2] is not None:
+                gap_ok = call.start_s - prior[2] >= retry.min_gap_s(attempt)
+            if gap_ok:
+                return verdict(
+                    Verdict.RETRYING,
+                    f"{what}; attempt {attempt} of {retry.max_attempts} after "
+                    f"{prior[0] or 'a retryable error'}, inside the retry policy",
+                )
+
+    # 3. evidence
+    slots = _repeated_slots(state, key, rule, period, hits, window)
+    progress = state.progress
+    if progress is not None:
+        seen = [progress[s] for s in slots if progress[s] is not None]
+        if len(seen) >= 2 and seen[0] != seen[-1]:
+            return verdict(Verdict.WORKING, f"{what}, but the progress fingerprint changed")
+    results = state.results
+    result_evidence = policy.result_is_evidence(call.tool)
+    if results is not None and result_evidence:
+        seen_r = [results[s] for s in slots if results[s] is not None]
+        if len(seen_r) >= 2 and len(set(seen_r)) > 1:
+            return verdict(Verdict.WORKING, f"{what}, but the results differ (new evidence)")
+    if policy.require_evidence:
+        has_evidence = (progress is not None and any(progress[s] is not None for s in slots)) or (
+            results is not None and result_evidence and any(results[s] is not None for s in slots)
+        )
+        if not has_evidence:
+            return verdict(
+                Verdict.UNCERTAIN,
+                f"{what}, and the policy requires evidence but none was supplied "
+                "(pass a progress fingerprint or record results)",
+            )
+    if sig.name_only and policy.key is KeyMode.TOOL_ARGS and policy.name_only == "uncertain":
+        return verdict(Verdict.UNCERTAIN, f"{what}; {_ARGS_SWITCH}")
+
+    # 4. nothing explains it
+    return verdict(Verdict.STUCK, f"{what} with no new evidence")
+
+
+def _tool_key(normalizer: Normalizer, tool: str) -> int:
+    return normalizer.tool_signature(tool).key
+
+
+def _describe(rule: Rule, tool: str, hits: int, period: int, window: int) -> str:
+    if rule is Rule.PERIOD:
+        return f"a cycle of {period} calls ending with {tool} repeated {hits}×"
+    if rule is Rule.SAME_ERROR:
+        return f"{hits} consecutive calls ending with {tool} failed with the same error"
+    return f"{tool} repeated {hits}× with identical arguments in the last {window} calls"
