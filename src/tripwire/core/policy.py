@@ -120,14 +120,19 @@ class LoopPolicy:
     """How many identical calls within ``window`` trip the repetition rule."""
     key: KeyMode = KeyMode.TOOL_ARGS
     """What makes two calls the same: tool + arguments, or the tool name only."""
-    max_period: int | None = 3
+    max_period: int | None = 8
     """Longest cycle the period rule looks for (2..max_period); ``None`` turns the rule off."""
     min_repeats: int = 3
     """How many times a cycle must repeat back to back to trip the period rule."""
-    same_error: int | None = None
+    same_error: int | None = 5
     """Trip after this many consecutive failed calls with the same error class, whatever the
     arguments (``None`` = off)."""
-    result_evidence: ResultEvidence = ResultEvidence.POLLING
+    revisit: int | None = 6
+    """Trip after this many consecutive calls that each repeat an earlier call (same signature)
+    *and* get the same result it got (``None`` = off; needs recorded results)."""
+    revisit_memory: int = 32
+    """How many distinct (call, result) pairs the revisit rule remembers per run."""
+    result_evidence: ResultEvidence = ResultEvidence.ALL
     """Whose changed results count as progress: none, polling tools only, or every tool."""
     polling_tools: frozenset[str] = frozenset()
     """Tools that legitimately repeat while waiting for something: a changed result is progress."""
@@ -169,6 +174,9 @@ class LoopPolicy:
         _positive_int("min_repeats", self.min_repeats, 2)
         if self.same_error is not None:
             _positive_int("same_error", self.same_error, 2)
+        if self.revisit is not None:
+            _positive_int("revisit", self.revisit, 2)
+        _positive_int("revisit_memory", self.revisit_memory)
         if self.name_only not in ("uncertain", "stuck"):
             raise ConfigError("name_only", self.name_only, "'uncertain' or 'stuck'")
         _positive_int("max_lease_renewals", self.max_lease_renewals, 0)
@@ -234,6 +242,8 @@ SEED_POLICY: Final = LoopPolicy(
     window=10,
     threshold=4,
     max_period=None,
+    same_error=None,
+    revisit=None,
     result_evidence=ResultEvidence.OFF,
     name_only="stuck",
 )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -44,8 +45,9 @@ __all__ = [
     "signature_of",
 ]
 
-NORMALIZER_SCHEME: Final = "n1"
-"""Bump when the canonical form changes in a way the fields of :class:`Normalizer` don't show."""
+NORMALIZER_SCHEME: Final = "n1r1"
+"""Bump when the canonical form of arguments (n…) or results (r…) changes in a way the fields
+of :class:`Normalizer` don't show."""
 
 DEFAULT_VOLATILE_KEYS: Final = frozenset(
     {
@@ -140,6 +142,8 @@ class Signature:
         return self.kind is ArgsKind.ABSENT
 
 
+_RESULT_NUMBERS: Final = re.compile(rb"0x[0-9a-fA-F]+|[0-9]+")
+
 _TOOL_KEYS: dict[str, int] = {}
 _TOOL_KEYS_MAX: Final = 4096
 
@@ -226,8 +230,21 @@ class Normalizer:
         return self._canonical_object(value)
 
     def digest(self, value: Any) -> str:
-        """A 128-bit hex digest of a value normalized like arguments (used for tool results)."""
+        """A 128-bit hex digest of a value normalized like arguments."""
         kind, payload = self.canonical(value)
+        return f"{_hash('', kind, payload):032x}"
+
+    def result_digest(self, value: Any) -> str:
+        """The digest of a tool *result*, as progress evidence.
+
+        Normalized like arguments, and then every run of digits (and ``0x…`` hex) is masked:
+        counters, timestamps, durations, line numbers of a shell and the new order id in every
+        result of a side-effecting tool change on every call without being new evidence. A
+        result that differs only in numbers is the same result.
+        """
+        kind, payload = self.canonical(value)
+        if kind is not ArgsKind.ABSENT:
+            payload = _RESULT_NUMBERS.sub(b"#", payload)
         return f"{_hash('', kind, payload):032x}"
 
     def _canonical_text(self, text: str | bytes | bytearray | memoryview) -> tuple[ArgsKind, bytes]:

@@ -18,6 +18,13 @@ When a rule trips, the verdict is decided in this order (DESIGN.md, job 2):
 A call repeated with the same arguments after an error explicitly marked non-retryable is
 ``stuck`` at once (rule ``retry_of_non_retryable``), whatever the threshold or ``confirm``.
 
+Two further rules, calibrated on real agent runs (see the README, "How well it works"):
+``same_error`` (consecutive calls failing with the same error class, whatever the arguments:
+fighting a broken toolchain) and ``revisit`` (consecutive calls that each repeat an earlier
+call of the run and get the same result: a cycle too long for the window). Results are not
+evidence for either: a changing error message is not progress, and a revisit is by definition
+the same result again.
+
 A ``stuck``/``uncertain`` verdict stays in force until a whole window of calls passes without
 any rule tripping: a single different call inside a loop is not a recovery.
 """
@@ -91,7 +98,9 @@ class RunState:
         "lease",
         "progress",
         "results",
+        "revisit_run",
         "runs",
+        "seen",
     )
 
     def __init__(self, window: int, max_period: int) -> None:
@@ -109,6 +118,10 @@ class RunState:
         """Ring of progress fingerprints (allocated on the first fingerprint)."""
         self.failures: dict[int, tuple[str | None, bool | None, float | None, int]] | None = None
         """Last failure of each signature still in the window: error, retryable, end, attempts."""
+        self.seen: dict[int, None] | None = None
+        """(signature, result) pairs seen so far, oldest first (revisit rule; bounded)."""
+        self.revisit_run = 0
+        """Consecutive calls that repeated an earlier call and got the same result."""
         self.error_run = 0
         """Consecutive failed calls with the same error class."""
         self.last_error: str | None = None
@@ -185,6 +198,8 @@ def evaluate(
 
     hits = _push(state, policy, key, slot, call)
     _remember_failure(state, args_key, call, prior)
+    if policy.revisit is not None:
+        _track_revisit(state, policy, args_key, call)
 
     # --- the rules ----------------------------------------------------------------------
     rule: Rule | None = None
@@ -203,6 +218,8 @@ def evaluate(
                     break
     if rule is None and policy.same_error is not None and state.error_run >= policy.same_error:
         rule, period, hits = Rule.SAME_ERROR, 1, state.error_run
+    if rule is None and policy.revisit is not None and state.revisit_run >= policy.revisit:
+        rule, period, hits = Rule.REVISIT, 1, state.revisit_run
 
     if rule is None:
         state.confirm_streak = 0
@@ -291,19 +308,42 @@ def _push(state: RunState, policy: LoopPolicy, key: int, slot: int, call: ToolCa
     return hits
 
 
+def _track_revisit(state: RunState, policy: LoopPolicy, args_key: int, call: ToolCall) -> None:
+    """Count consecutive calls whose (signature, result) pair was seen before in the run."""
+    if call.result_digest is None:
+        state.revisit_run = 0
+        return
+    seen = state.seen
+    if seen is None:
+        seen = state.seen = {}
+    pair = hash((args_key, call.result_digest))
+    if pair in seen:
+        state.revisit_run += 1
+        return
+    state.revisit_run = 0
+    seen[pair] = None
+    if len(seen) > policy.revisit_memory:
+        del seen[next(iter(seen))]
+
+
 def _remember_failure(
     state: RunState,
     args_key: int,
     call: ToolCall,
     prior: tuple[str | None, bool | None, float | None, int] | None,
 ) -> None:
+    failures = state.failures
     if call.failed or call.retryable is False:
-        if state.failures is None:
-            state.failures = {}
+        if failures is None:
+            failures = state.failures = {}
         attempts = prior[3] + 1 if prior is not None else 1
-        state.failures[args_key] = (call.error_type, call.retryable, call.end_s, attempts)
-    elif prior is not None and state.failures is not None:
-        del state.failures[args_key]
+        failures.pop(args_key, None)  # re-insert: the dict's order is the failures' recency
+        failures[args_key] = (call.error_type, call.retryable, call.end_s, attempts)
+        if len(failures) > len(state.keys):
+            # Bounded like the window: forget the oldest failure first.
+            del failures[next(iter(failures))]
+    elif prior is not None and failures is not None:
+        failures.pop(args_key, None)
 
 
 def _repeated_slots(state: RunState, key: int, rule: Rule, period: int, hits: int, window: int) -> list[int]:
@@ -386,10 +426,14 @@ def _decide(
             return verdict(Verdict.WORKING, f"{what}, but the progress fingerprint changed")
     results = state.results
     result_evidence = policy.result_is_evidence(call.tool)
-    if results is not None and result_evidence:
-        seen_r = [results[s] for s in slots if results[s] is not None]
-        if len(seen_r) >= 2 and len(set(seen_r)) > 1:
-            return verdict(Verdict.WORKING, f"{what}, but the results differ (new evidence)")
+    # An error message that changes is not progress, and a revisit means the results repeat.
+    if (
+        results is not None
+        and result_evidence
+        and rule not in (Rule.SAME_ERROR, Rule.REVISIT)
+        and _results_changed(results, slots, rule, period)
+    ):
+        return verdict(Verdict.WORKING, f"{what}, but the results differ (new evidence)")
     if policy.require_evidence:
         has_evidence = (progress is not None and any(progress[s] is not None for s in slots)) or (
             results is not None and result_evidence and any(results[s] is not None for s in slots)
@@ -407,6 +451,22 @@ def _decide(
     return verdict(Verdict.STUCK, f"{what} with no new evidence")
 
 
+def _results_changed(results: list[int | None], slots: list[int], rule: Rule, period: int) -> bool:
+    """True when the repeated calls' results differ: new evidence.
+
+    For a cycle, each call is compared with the call one period earlier (the same step of the
+    previous round); comparing a ``search`` result with a ``read`` result would always differ.
+    """
+    if rule is Rule.PERIOD:
+        for j in range(period, len(slots)):
+            a, b = results[slots[j]], results[slots[j - period]]
+            if a is not None and b is not None and a != b:
+                return True
+        return False
+    seen = {r for r in (results[s] for s in slots) if r is not None}
+    return len(seen) > 1
+
+
 def _tool_key(normalizer: Normalizer, tool: str) -> int:
     return normalizer.tool_signature(tool).key
 
@@ -414,6 +474,11 @@ def _tool_key(normalizer: Normalizer, tool: str) -> int:
 def _describe(rule: Rule, tool: str, hits: int, period: int, window: int) -> str:
     if rule is Rule.PERIOD:
         return f"a cycle of {period} calls ending with {tool} repeated {hits}×"
+    if rule is Rule.REVISIT:
+        return (
+            f"{hits} consecutive calls, ending with {tool}, each repeated an earlier call and got "
+            "the same result"
+        )
     if rule is Rule.SAME_ERROR:
         return f"{hits} consecutive calls ending with {tool} failed with the same error"
     return f"{tool} repeated {hits}× with identical arguments in the last {window} calls"
