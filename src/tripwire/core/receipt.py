@@ -1098,6 +1098,8 @@ def classify(receipt: StopReceipt, *, now: float | None = None) -> Health:
     if end is None and reason is None:
         return Health(HealthState.UNCERTAIN, "no stop cause was recorded")
 
+    if reason is not None and reason not in _REASON_FAMILY:
+        return Health(HealthState.UNCERTAIN, f"stop reason {reason.value} has no known meaning")
     if end is not None and reason is not None and _REASON_FAMILY[reason] not in _END_FAMILIES[end]:
         return Health(
             HealthState.UNCERTAIN,

@@ -1,0 +1,140 @@
+"""``tripwire explain RECEIPT.json``: why a run stopped, its health, and what to do next."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from tripwire.cli import app
+from tripwire.cli._common import abort, out_console
+from tripwire.core.receipt import Health, StopReceipt, classify
+from tripwire.errors import InputError
+
+__all__ = ["explain"]
+
+_STATE_STYLES = {
+    "failed": "bold red",
+    "waiting": "bold cyan",
+    "waiting_unrouted": "bold yellow",
+    "stuck": "bold red",
+    "bounded_stop": "bold yellow",
+    "verified_complete": "bold green",
+    "complete_unverified": "green",
+    "false_complete": "bold magenta",
+    "uncertain": "bold yellow",
+}
+
+
+def _load(path: str) -> StopReceipt:
+    source = "<stdin>" if path == "-" else path
+    try:
+        raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except FileNotFoundError:
+        abort(f"cannot read {source}: no such file. Pass the path of a stop receipt (JSON).")
+    except IsADirectoryError:
+        abort(f"cannot read {source}: it is a directory, not a stop receipt file.")
+    except OSError as exc:
+        abort(f"cannot read {source}: {exc.strerror or exc}. Check the path and permissions.")
+    try:
+        return StopReceipt.from_json(raw, source=source)
+    except InputError as exc:
+        abort(f"{exc}. The file must be a tripwire stop receipt (StopReceipt.to_json()).")
+
+
+def _facts(receipt: StopReceipt) -> list[tuple[str, str]]:
+    rows = [
+        ("run", receipt.run_id),
+        ("agent", receipt.agent),
+        ("end", receipt.end.value if receipt.end else "not recorded"),
+        ("stop reason", receipt.reason.value if receipt.reason else "not recorded"),
+    ]
+    if receipt.condition:
+        rows.append(("condition", ", ".join(f"{k}={v}" for k, v in receipt.condition.items())))
+    c = receipt.counters
+    counters = (
+        f"steps={c.steps} tool_calls={c.tool_calls} tokens={c.input_tokens}in/{c.output_tokens}out"
+    )
+    if c.cost_usd is not None:
+        counters += f" cost=${c.cost_usd:.4f}"
+    if c.duration_s is not None:
+        counters += f" duration={c.duration_s:g}s"
+    rows.append(("counters", counters))
+    if receipt.verdict is not None:
+        rows.append(("loop verdict", receipt.verdict.value))
+    rows.append(("outcome policy", receipt.requires_outcome.value))
+    for outcome in receipt.outcomes:
+        mark = "passed" if outcome.passed else "FAILED"
+        detail = f": {outcome.error}" if outcome.error else ""
+        rows.append(
+            (
+                f"outcome ({outcome.kind.value}, {outcome.evidence.value})",
+                f"{mark} {outcome.target} by {outcome.checked_by}{detail}",
+            )
+        )
+    versions = [
+        f"policy={receipt.policy_version}" if receipt.policy_version else "",
+        f"normalizer={receipt.normalizer_version}" if receipt.normalizer_version else "",
+    ]
+    if any(versions):
+        rows.append(("versions", " ".join(v for v in versions if v)))
+    return rows
+
+
+def _render(receipt: StopReceipt, health: Health) -> None:
+    style = _STATE_STYLES.get(health.state.value, "bold")
+    out_console.print(Text.assemble(("state:  ", "bold"), (health.state.name, style)))
+    out_console.print(Text.assemble(("reason: ", "bold"), health.reason))
+    out_console.print(Text.assemble(("action: ", "bold"), health.action))
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="dim")
+    table.add_column(overflow="fold")
+    for key, value in _facts(receipt):
+        table.add_row(key, Text(value))
+    out_console.print()
+    out_console.print(table)
+
+
+@app.command(
+    "explain",
+    short_help="Explain why a run stopped, from its stop receipt.",
+    no_args_is_help=True,
+)
+def explain(
+    receipt_file: str = typer.Argument(
+        ...,
+        metavar="RECEIPT.json",
+        help="A stop receipt written by tripwire (StopReceipt.to_json()); '-' reads stdin.",
+        show_default=False,
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print {run_id, agent, state, reason, action} as JSON on stdout."
+    ),
+    now: float | None = typer.Option(
+        None,
+        "--now",
+        help="Current time on the receipt's clock (seconds); a routed approval past its "
+        "deadline is then reported as waiting_unrouted.",
+        show_default=False,
+    ),
+) -> None:
+    """Explain why a run stopped: its health state, the reason, and the operator action.
+
+    States, by priority: failed, waiting, waiting_unrouted, stuck, bounded_stop,
+    verified_complete, complete_unverified, false_complete, uncertain.
+    Exit code 0 when the receipt was read (whatever the state), 2 when it could not be.
+    """
+    receipt = _load(receipt_file)
+    health = classify(receipt, now=now)
+    if as_json:
+        payload: dict[str, Any] = {"run_id": receipt.run_id, "agent": receipt.agent}
+        payload.update(health.to_dict())
+        typer.echo(json.dumps(payload, ensure_ascii=False))
+        return
+    _render(receipt, health)
+
