@@ -1,0 +1,653 @@
+"""The OpenTelemetry span processor that watches every agent's tool calls for loops.
+
+:class:`TripwireSpanProcessor` sits in the trace pipeline, usually wrapped around the
+processor that already exports the spans::
+
+    provider.add_span_processor(
+        TripwireSpanProcessor(BatchSpanProcessor(OTLPSpanExporter()))
+    )
+
+For each finished span it asks :func:`~tripwire.otel.conventions.classify` what the span is
+(a few dict lookups; non-agent spans stop there). A tool span is mapped to a
+:class:`~tripwire.core.events.ToolCall` and fed to that trace's loop watcher
+(:func:`tripwire.core.watch.evaluate`). When the verdict of a run changes, the processor
+
+1. annotates the span with ``tripwire.verdict``, ``tripwire.rule``, ``tripwire.reason``,
+   ``tripwire.period`` (and the call index and versions) *before* the wrapped processor
+   sees it, so the annotation reaches its exporter;
+2. calls the ``on_verdict`` callbacks;
+3. on ``stuck``, raises the run's kill flag (:mod:`tripwire.otel.killswitch`), which the
+   agent runtime reads with :func:`tripwire.otel.check` before its next step.
+
+How the annotation reaches exporters
+-------------------------------------
+A span is read-only once ended: the SDK freezes its attributes before calling ``on_end``, and
+every processor of the provider receives the same ``ReadableSpan``. The processor never
+mutates that object (another processor may be exporting it on its own thread). Instead, on a
+verdict change only, it builds a *derived* ``ReadableSpan``: the same name, context, parent,
+resource, events, links, kind, status, times and scope, with the original attributes plus
+the ``tripwire.*`` ones, and passes that copy to the **wrapped** processor. This is what the
+SDK itself does (``Span._readable_span()`` builds a fresh ``ReadableSpan`` for ``on_end``),
+and it uses only the public constructor. Consequences:
+
+- processors registered *beside* tripwire on the provider see the span without the
+  annotation; wrap the exporting processor to get it exported;
+- standing alone (no wrapped processor), the processor can instead emit a small
+  ``tripwire.verdict`` child span of the tool span through a ``tracer`` (what
+  :func:`tripwire.otel.instrument` does when it has nothing to wrap), which every processor
+  of the provider exports.
+
+Memory bounds
+-------------
+One :class:`_Run` per active trace: the watcher's ring (:class:`~tripwire.core.watch.RunState`)
+and a ring of recent call-id hashes. A run is dropped when the trace's local root span ends
+(no parent, or a remote parent), when a run-boundary span ends (``invoke_agent …``, an
+OpenInference ``AGENT`` span…: a sub-agent's end restarts the trace's window, which can delay
+a detection but never causes one), after ``idle_ttl_s`` without a tool span, and least
+recently used first beyond ``max_traces``. Kill flags live in their own bounded registry.
+
+Threads
+-------
+``on_end`` runs on the thread that ends the span. It never raises (one broad ``except`` at
+this boundary: counted in :attr:`TripwireSpanProcessor.stats`, logged once) and never waits
+on I/O: the only lock is held for the few microseconds of a table update and one evaluation.
+Callbacks run on the same thread: keep them quick (hand work to a queue).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final, cast
+
+from opentelemetry import trace as trace_api
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import StatusCode
+
+from tripwire.core.events import ModelCall, ToolCall
+from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
+from tripwire.core.reasons import Verdict
+from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
+from tripwire.core.watch import Assessment, RunState, evaluate
+from tripwire.errors import ConfigError
+from tripwire.otel.conventions import (
+    MAPPING_VERSION,
+    MappingStats,
+    SpanRole,
+    SpanView,
+    classify,
+    map_model_span,
+    map_tool_span,
+)
+from tripwire.otel.killswitch import KILL_FLAGS, KillFlags
+
+__all__ = [
+    "DEFAULT_IDLE_TTL_S",
+    "DEFAULT_MAX_TRACES",
+    "VERDICT_SPAN_NAME",
+    "ProcessorStats",
+    "TripwireSpanProcessor",
+    "VerdictCallback",
+    "VerdictChange",
+]
+
+logger = logging.getLogger("tripwire.otel")
+
+DEFAULT_MAX_TRACES: Final = 10_000
+"""Active traces watched at most; beyond it the least recently active one is dropped."""
+
+DEFAULT_IDLE_TTL_S: Final = 15 * 60.0
+"""A trace with no tool span for this long (15 minutes) is dropped."""
+
+CALL_ID_MEMORY: Final = 16
+"""Recent call ids remembered per trace to count partial/streamed spans of one call once."""
+
+VERDICT_SPAN_NAME: Final = "tripwire.verdict"
+"""Name of the child span a standalone processor emits on a verdict change (with a tracer)."""
+
+_EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
+_HAS_PARENT: Final = "parent"  # classify() only tests ``parent_span_id is None``
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VerdictChange:
+    """What an ``on_verdict`` callback receives: a run's verdict changed at one tool span."""
+
+    trace_id: str
+    """The run's trace id (32 hex)."""
+    span_id: str
+    """The tool span at which the verdict changed (16 hex)."""
+    assessment: Assessment
+    """The new verdict with its rule, tool, digest, hits, period, call index and reason."""
+    previous: Verdict | None
+    """The verdict before (``None`` at the run's first call)."""
+    flagged: bool
+    """True when this change raised the run's kill flag (``stuck``)."""
+
+
+VerdictCallback = Callable[[VerdictChange], object]
+"""An ``on_verdict`` callback. Runs on the span-ending thread: must be quick; may raise (the
+exception is caught, counted and logged once)."""
+
+
+@dataclass(slots=True)
+class ProcessorStats:
+    """Counters of one processor. Plain ints: diagnostics, not budgets."""
+
+    tool_calls: int = 0
+    """Tool spans judged."""
+    duplicate_calls: int = 0
+    """Tool spans skipped because their call id was already counted (partial/streamed)."""
+    model_calls: int = 0
+    """Model-call spans seen (handed to :meth:`TripwireSpanProcessor.observe_model_call`)."""
+    verdict_changes: int = 0
+    """Verdict changes (annotated spans)."""
+    flags_raised: int = 0
+    """Kill flags raised (``stuck`` verdicts)."""
+    runs_ended: int = 0
+    """Per-trace states dropped because the run's root or boundary span ended."""
+    evicted_idle: int = 0
+    """Per-trace states dropped after the idle TTL."""
+    evicted_lru: int = 0
+    """Per-trace states dropped because ``max_traces`` was reached."""
+    callback_errors: int = 0
+    """Exceptions raised by ``on_verdict`` callbacks (caught)."""
+    internal_errors: int = 0
+    """Exceptions inside the processor itself (caught at the ``on_end`` boundary)."""
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters by name."""
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class _Run:
+    """The per-trace state: the watcher's ring, recent call ids, last activity."""
+
+    __slots__ = ("call_ids", "last_seen", "state")
+
+    def __init__(self, state: RunState, now: float) -> None:
+        self.state = state
+        self.last_seen = now
+        self.call_ids: array[int] | None = None
+        """Ring of hashes of recent call ids (allocated at the first call id)."""
+
+    def seen_call(self, call_id: str) -> bool:
+        """True if ``call_id`` was counted recently; else remember it and return False."""
+        h = hash(call_id)
+        ids = self.call_ids
+        if ids is None:
+            self.call_ids = array("q", (h,))
+            return False
+        if h in ids:
+            return True
+        if len(ids) >= CALL_ID_MEMORY:
+            del ids[0]
+        ids.append(h)
+        return False
+
+
+def _check_positive(name: str, value: Any, expected: str, *, integer: bool) -> None:
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or not value > 0:
+        raise ConfigError(name, value, expected)
+
+
+class TripwireSpanProcessor(SpanProcessor):
+    """Watches tool spans per trace, annotates verdict changes, raises kill flags.
+
+    Args:
+        inner: the processor to wrap (usually the exporting ``BatchSpanProcessor``); it gets
+            every span, annotated ones as a derived copy. ``None`` = stand alone.
+        policy: the loop policy (default :data:`~tripwire.core.policy.DEFAULT_POLICY`).
+        normalizer: the signature normalizer.
+        on_verdict: a callback or callbacks, called with a :class:`VerdictChange` on each
+            verdict change (on the span-ending thread).
+        max_traces: active traces watched at most (LRU beyond it).
+        idle_ttl_s: seconds without a tool span after which a trace's state is dropped.
+        clock: monotonic seconds for the TTL (injectable for tests).
+        flags: the kill-flag registry to raise flags in (default: the process-wide one that
+            :func:`tripwire.otel.check` reads).
+        tracer: standing alone, emit a ``tripwire.verdict`` child span through this tracer on
+            each verdict change, so exporters see the verdict (ignored when ``inner`` is set:
+            the tool span itself is annotated).
+
+    Raises:
+        ConfigError: for a bad ``max_traces`` or ``idle_ttl_s``.
+
+    The SDK calls ``on_start``/``on_end`` on the thread that starts/ends the span; ``on_end``
+    never raises and never blocks. Exceptions from the *wrapped* processor propagate exactly as
+    they would without tripwire in front.
+    """
+
+    def __init__(
+        self,
+        inner: SpanProcessor | None = None,
+        *,
+        policy: LoopPolicy = DEFAULT_POLICY,
+        normalizer: Normalizer = DEFAULT_NORMALIZER,
+        on_verdict: VerdictCallback | Iterable[VerdictCallback] = (),
+        max_traces: int = DEFAULT_MAX_TRACES,
+        idle_ttl_s: float = DEFAULT_IDLE_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+        flags: KillFlags | None = None,
+        tracer: trace_api.Tracer | None = None,
+    ) -> None:
+        if not isinstance(policy, LoopPolicy):
+            raise ConfigError("policy", policy, "a LoopPolicy")
+        _check_positive("max_traces", max_traces, "an integer >= 1", integer=True)
+        _check_positive("idle_ttl_s", idle_ttl_s, "a number > 0", integer=False)
+        self._inner = inner
+        self.policy = policy
+        self.normalizer = normalizer
+        self._callbacks: tuple[VerdictCallback, ...] = (
+            (on_verdict,) if callable(on_verdict) else tuple(on_verdict)
+        )
+        self.max_traces = max_traces
+        self.idle_ttl_s = float(idle_ttl_s)
+        self._clock = clock
+        self.flags = flags if flags is not None else KILL_FLAGS
+        self._tracer = tracer
+        self._runs: OrderedDict[int, _Run] = OrderedDict()
+        self._lock = threading.Lock()
+        self._logged: set[str] = set()
+        self._shutdown = False
+        self.stats = ProcessorStats()
+        """Counters (tool calls, duplicates, verdict changes, evictions, errors)."""
+        self.mapping_stats = MappingStats()
+        """Counters of the span mapping (malformed tool spans are counted here)."""
+
+    # -- introspection ---------------------------------------------------------------------
+
+    @property
+    def inner(self) -> SpanProcessor | None:
+        """The wrapped processor, if any."""
+        return self._inner
+
+    def __len__(self) -> int:
+        """Active traces being watched."""
+        return len(self._runs)
+
+    def run_state(self, trace_id: int | str) -> RunState | None:
+        """The watcher state of a trace (for tests and diagnostics), or ``None``."""
+        tid = trace_id if isinstance(trace_id, int) else int(trace_id, 16)
+        run = self._runs.get(tid)
+        return run.state if run is not None else None
+
+    def verdict(self, trace_id: int | str) -> Assessment | None:
+        """The verdict in force for an active trace, or ``None`` if it is not watched."""
+        state = self.run_state(trace_id)
+        return state.current if state is not None else None
+
+    # -- SpanProcessor -----------------------------------------------------------------------
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        """Forward to the wrapped processor; tripwire judges finished spans only."""
+        inner = self._inner
+        if inner is not None:
+            inner.on_start(span, parent_context=parent_context)
+
+    def _on_ending(self, span: Span) -> None:
+        # The SDK calls this (private) hook on every processor; forward it unchanged.
+        inner = self._inner
+        if inner is not None:
+            inner._on_ending(span)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Judge the span if it is a tool call, then hand it (maybe annotated) to ``inner``.
+
+        Never raises for anything tripwire does; never blocks.
+        """
+        out = span
+        if not self._shutdown:
+            try:
+                out = self._observe(span)
+            except Exception as exc:
+                # The agent-facing boundary: the SDK does not catch exceptions from on_end, so
+                # anything raised here would escape from the agent's span.end() and skip the
+                # wrapped processor. Count it, log it once, and pass the span on unjudged.
+                self.stats.internal_errors += 1
+                self._log_once("internal", "tripwire span processor failed on a span: %r", exc)
+                out = span
+        inner = self._inner
+        if inner is not None:
+            inner.on_end(out)
+
+    def shutdown(self) -> None:
+        """Stop judging, drop all per-trace state, shut the wrapped processor down. Idempotent."""
+        if self._shutdown:
+            return
+        self._shutdown = True
+        with self._lock:
+            self._runs.clear()
+        if self._inner is not None:
+            self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Flush the wrapped processor; True when it finished in time (or there is none)."""
+        if self._inner is None:
+            return True
+        return bool(self._inner.force_flush(timeout_millis))
+
+    # -- extension point -----------------------------------------------------------------------
+
+    def observe_model_call(self, trace_id: int, call: ModelCall) -> None:
+        """Called with each model-call span's usage (tokens, model), once per call.
+
+        The hook for per-run budgets (a :class:`tripwire.Guard` fed the token usage of each
+        trace). The default does nothing. Overrides run inside the ``on_end`` boundary (their
+        exceptions are caught and counted) and must not block.
+        """
+
+    # -- eviction ------------------------------------------------------------------------------
+
+    def evict_idle(self, now: float | None = None) -> int:
+        """Drop traces idle for longer than ``idle_ttl_s``; return how many were dropped.
+
+        Runs by itself whenever a new trace starts; call it from a timer if traces can stop
+        arriving for long periods.
+        """
+        with self._lock:
+            return self._evict_idle(self._clock() if now is None else now)
+
+    def end_run(self, trace_id: int | str) -> bool:
+        """Forget a trace's watcher state now (its kill flag stays); True if it was watched."""
+        tid = trace_id if isinstance(trace_id, int) else int(trace_id, 16)
+        with self._lock:
+            return self._runs.pop(tid, None) is not None
+
+    # -- the hot path ----------------------------------------------------------------------------
+
+    def _observe(self, span: ReadableSpan) -> ReadableSpan:
+        # _attributes_of(), inlined: this line runs for every span the provider ends.
+        attrs: Mapping[str, Any] = getattr(getattr(span, "_attributes", None), "_dict", None)  # type: ignore[assignment]
+        if type(attrs) is not dict:
+            attrs = _attributes_of(span)
+        parent = span.parent
+        role = classify(attrs, span.name, None if parent is None else _HAS_PARENT)
+        if role is SpanRole.OTHER:
+            if parent is None or parent.is_remote:
+                self._end_run(span)
+            return span
+        if role is SpanRole.TOOL:
+            out = self._tool(span, attrs)
+            if parent is None or parent.is_remote:
+                self._end_run(span)
+            return out
+        if role is SpanRole.RUN:
+            self._end_run(span)
+            return span
+        # SpanRole.MODEL
+        call = map_model_span(_view_of(span, attrs))
+        if call is not None:
+            self.stats.model_calls += 1
+            self.mapping_stats.model_spans += 1
+            self.observe_model_call(span.context.trace_id, call)
+        return span
+
+    def _end_run(self, span: ReadableSpan) -> None:
+        tid = span.context.trace_id
+        if tid in self._runs:  # unlocked peek: most root spans have no tool calls
+            with self._lock:
+                if self._runs.pop(tid, None) is not None:
+                    self.stats.runs_ended += 1
+
+    def _tool(self, span: ReadableSpan, attrs: Mapping[str, Any]) -> ReadableSpan:
+        call = map_tool_span(_view_of(span, attrs), self.normalizer)
+        if call is None:
+            self.mapping_stats.malformed += 1
+            return span
+        self.mapping_stats.tool_spans += 1
+        normalizer = self.normalizer
+        # The signature (parse, canonicalize, hash) is the costly part: outside the lock.
+        sig = normalizer.signature(call.tool, call.arguments)
+        tid = span.context.trace_id
+        now = self._clock()
+        with self._lock:
+            run = self._run_for(tid, now)
+            if call.call_id is not None and run.seen_call(call.call_id):
+                self.stats.duplicate_calls += 1
+                return span
+            self.stats.tool_calls += 1
+            previous = run.state.current
+            assessment = evaluate(run.state, call, self.policy, normalizer, signature=sig)
+        if assessment is None or (previous is None and assessment.verdict is Verdict.WORKING):
+            return span  # a run's first verdict, "working", is not news: nothing to report
+        return self._changed(span, tid, call, assessment, previous)
+
+    def _run_for(self, tid: int, now: float) -> _Run:
+        runs = self._runs
+        run = runs.get(tid)
+        if run is not None:
+            if now - run.last_seen <= self.idle_ttl_s:
+                run.last_seen = now
+                runs.move_to_end(tid)
+                return run
+            del runs[tid]  # idle past the TTL but not swept yet: start afresh
+            self.stats.evicted_idle += 1
+        else:
+            self._evict_idle(now)
+        run = runs[tid] = _Run(RunState.new(self.policy), now)
+        while len(runs) > self.max_traces:
+            runs.popitem(last=False)
+            self.stats.evicted_lru += 1
+        return run
+
+    def _evict_idle(self, now: float) -> int:
+        # Runs are kept in order of last activity, so the expired ones are at the front.
+        runs = self._runs
+        limit = now - self.idle_ttl_s
+        dropped = 0
+        while runs:
+            tid, run = next(iter(runs.items()))
+            if run.last_seen >= limit:
+                break
+            del runs[tid]
+            dropped += 1
+        self.stats.evicted_idle += dropped
+        return dropped
+
+    # -- verdict changes -----------------------------------------------------------------------
+
+    def _changed(
+        self,
+        span: ReadableSpan,
+        tid: int,
+        call: ToolCall,
+        assessment: Assessment,
+        previous: Assessment | None,
+    ) -> ReadableSpan:
+        self.stats.verdict_changes += 1
+        flagged = assessment.verdict is Verdict.STUCK
+        if flagged:
+            self.flags.raise_flag(tid, assessment)
+            self.stats.flags_raised += 1
+        if self._callbacks:
+            change = VerdictChange(
+                trace_id=f"{tid:032x}",
+                span_id=f"{span.context.span_id:016x}",
+                assessment=assessment,
+                previous=previous.verdict if previous is not None else None,
+                flagged=flagged,
+            )
+            for callback in self._callbacks:
+                try:
+                    callback(change)
+                except Exception as exc:
+                    # User code at the agent-facing boundary: a broken callback must not stop
+                    # the annotation, the flag, the other callbacks, or the agent's span.end().
+                    self.stats.callback_errors += 1
+                    self._log_once(
+                        f"callback:{id(callback)}", "tripwire on_verdict callback %r failed: %r",
+                        callback, exc,
+                    )
+        annotations = self._annotations(assessment)
+        if self._inner is not None:
+            return _annotated(span, annotations)
+        if self._tracer is not None:
+            self._emit_verdict_span(span, annotations)
+        return span
+
+    def _annotations(self, a: Assessment) -> dict[str, str | int]:
+        out: dict[str, str | int] = {
+            "tripwire.verdict": a.verdict.value,
+            "tripwire.reason": a.reason,
+            "tripwire.call_index": a.call_index,
+            "tripwire.policy_version": a.policy_version or self.policy.version,
+            "tripwire.normalizer_version": a.normalizer_version or self.normalizer.version,
+            "tripwire.mapping_version": MAPPING_VERSION,
+        }
+        if a.rule is not None:
+            out["tripwire.rule"] = a.rule.value
+        if a.period is not None:
+            out["tripwire.period"] = a.period
+        if a.digest:
+            out["tripwire.digest"] = a.digest[:16]
+        if not a.arguments_seen:
+            out["tripwire.arguments_seen"] = "false"
+        return out
+
+    def _emit_verdict_span(self, span: ReadableSpan, annotations: dict[str, str | int]) -> None:
+        tracer = self._tracer
+        assert tracer is not None
+        parent = trace_api.set_span_in_context(trace_api.NonRecordingSpan(span.context))
+        at = span.end_time
+        child = tracer.start_span(
+            VERDICT_SPAN_NAME, context=parent, attributes=annotations, start_time=at
+        )
+        child.end(end_time=at)
+
+    def _log_once(self, key: str, message: str, *args: Any) -> None:
+        if key in self._logged or len(self._logged) > 64:
+            return
+        self._logged.add(key)
+        logger.warning(message + " (logged once; see TripwireSpanProcessor.stats)", *args)
+
+    def __repr__(self) -> str:
+        return (
+            f"<TripwireSpanProcessor inner={type(self._inner).__name__ if self._inner else None} "
+            f"traces={len(self._runs)}/{self.max_traces} ttl={self.idle_ttl_s:g}s "
+            f"policy={self.policy.version}>"
+        )
+
+
+def _attributes_of(span: ReadableSpan) -> Mapping[str, Any]:
+    """The span's attributes as a plain ``dict`` when the SDK allows it, else the public proxy.
+
+    Why: ``ReadableSpan.attributes`` is a read-only proxy over the SDK's ``BoundedAttributes``,
+    a Python ``MutableMapping`` whose ``get`` raises and catches ``KeyError`` for every missing
+    key. Recognizing a span is mostly missing keys, so the proxy costs ~0.4 µs per lookup where
+    the ``dict`` behind it costs 0.04 µs. The ``dict`` is read, never written, and only after
+    the span ended (the SDK has frozen it). If a future SDK renames these private fields, the
+    public proxy is used: slower, same results (``test_fast_attributes_match_public`` pins it).
+    """
+    bounded = getattr(span, "_attributes", None)
+    raw = getattr(bounded, "_dict", None)
+    if type(raw) is dict:
+        return raw
+    return span.attributes or _EMPTY
+
+
+class _SdkSpanView:
+    """A :class:`~tripwire.otel.conventions.SpanView` of an SDK span, built cheaply.
+
+    Why not :func:`~tripwire.otel.conventions.view_from_readable_span`: building the frozen
+    12-field ``SpanView`` and formatting three hex ids cost ~3 µs per tool span, more than the
+    whole budget tripwire has on the span's ``end()``. This view has the same attribute names
+    and values (``tests/otel/test_processor.py`` compares every ``SpanView`` field), takes the
+    plain attribute dict from :func:`_attributes_of`, and computes the ids, resource and scope
+    only if the mapping reads them.
+    """
+
+    __slots__ = (
+        "_span",
+        "attributes",
+        "end_s",
+        "exception_type",
+        "name",
+        "start_s",
+        "status_error",
+        "status_message",
+    )
+
+    def __init__(self, span: ReadableSpan, attrs: Mapping[str, Any]) -> None:
+        self._span = span
+        self.attributes = attrs
+        self.name = span.name
+        start = span.start_time
+        end = span.end_time
+        self.start_s = start / 1e9 if start is not None else None
+        self.end_s = end / 1e9 if end is not None else None
+        status = span.status
+        self.status_message = status.description
+        self.exception_type: str | None = None
+        self.status_error = status.status_code is StatusCode.ERROR
+        if self.status_error:
+            for event in span.events:
+                if event.name == "exception":
+                    value = (event.attributes or _EMPTY).get("exception.type")
+                    self.exception_type = value if isinstance(value, str) and value else None
+                    break
+
+    @property
+    def trace_id(self) -> str:
+        return f"{self._span.context.trace_id:032x}"
+
+    @property
+    def span_id(self) -> str:
+        return f"{self._span.context.span_id:016x}"
+
+    @property
+    def parent_span_id(self) -> str | None:
+        parent = self._span.parent
+        return f"{parent.span_id:016x}" if parent is not None else None
+
+    @property
+    def resource_attributes(self) -> Mapping[str, Any] | None:
+        resource = self._span.resource
+        return resource.attributes if resource is not None else None
+
+    @property
+    def scope_name(self) -> str | None:
+        scope = self._span.instrumentation_scope
+        return scope.name if scope is not None else None
+
+
+def _view_of(span: ReadableSpan, attrs: Mapping[str, Any]) -> SpanView:
+    """The view the mapping reads (a :class:`_SdkSpanView`, typed as the ``SpanView`` it mimics)."""
+    return cast(SpanView, _SdkSpanView(span, attrs))
+
+
+def _annotated(span: ReadableSpan, annotations: dict[str, str | int]) -> ReadableSpan:
+    """A copy of an ended span with ``annotations`` added to its attributes.
+
+    Built with the public ``ReadableSpan`` constructor, as the SDK builds the span it hands to
+    ``on_end``; the original span is not touched. The attribute count limit is not applied
+    again (the ``tripwire.*`` attributes are always kept), and the dropped-attribute count of
+    the original carries over.
+    """
+    merged: dict[str, Any] = dict(span.attributes or _EMPTY)
+    merged.update(annotations)
+    attributes = BoundedAttributes(maxlen=None, attributes=merged, immutable=True)
+    attributes.dropped = span.dropped_attributes
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=attributes,
+        events=span.events,
+        links=span.links,
+        kind=span.kind,
+        status=span.status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
