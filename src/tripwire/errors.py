@@ -60,6 +60,8 @@ class RunStopped(TripwireError):
     """The run was stopped on purpose; ``reason`` says which condition fired.
 
     ``receipt`` is the run's stop receipt when the raiser had one at hand, else ``None``.
+    ``counters`` is the guard's counter snapshot at the stop (``None`` outside the guard), and
+    ``partial`` whatever the runner's partial-answer hook built from the run state.
     """
 
     def __init__(
@@ -68,12 +70,21 @@ class RunStopped(TripwireError):
         *,
         reason: StopReason,
         receipt: Any = None,
+        counters: Any = None,
+        partial: Any = None,
         **fields: Any,
     ) -> None:
         self.reason = reason
         self.receipt = receipt
+        self.counters = counters
+        self.partial = partial
         super().__init__(
-            message or f"run stopped: {reason.value}", reason=reason, receipt=receipt, **fields
+            message or f"run stopped: {reason.value}",
+            reason=reason,
+            receipt=receipt,
+            counters=counters,
+            partial=partial,
+            **fields,
         )
 
 
@@ -99,6 +110,8 @@ class LoopDetected(RunStopped):
         digest: str = "",
         reason: StopReason | None = None,
         receipt: Any = None,
+        counters: Any = None,
+        partial: Any = None,
     ) -> None:
         from tripwire.core.reasons import Rule, StopReason
 
@@ -121,6 +134,8 @@ class LoopDetected(RunStopped):
             message,
             reason=reason,
             receipt=receipt,
+            counters=counters,
+            partial=partial,
             rule=rule,
             tool=tool,
             hits=hits,

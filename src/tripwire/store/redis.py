@@ -1,0 +1,289 @@
+"""Redis-backed ledger and idempotency store: one budget for agents in several processes.
+
+The ledger's check-and-add is one Lua script, so concurrent agents can never together go over
+a cap: either every counter of a reservation fits and all are added, or none is. Keys of one
+run share a hash tag (``{run}``), so the scripts also work on Redis Cluster.
+
+Every call uses short socket timeouts (default 50 ms) and no client-side retries, so a slow or
+dead Redis never blocks the agent for long, and runs with OpenTelemetry instrumentation
+suppressed, so tripwire's own Redis calls create no spans for it to watch.
+
+When Redis is unreachable the ledger does what ``on_unavailable`` says:
+
+- ``"fail_open"`` (default): log one warning, count locally (in-process) until Redis answers
+  again (retried every ``retry_after_s``); budgets are then enforced per process only;
+- ``"fail_closed"``: raise :class:`~tripwire.store.base.StoreUnavailable`; the guard stops the
+  run with a :class:`~tripwire.errors.BudgetExceeded`.
+
+The idempotency store always fails closed: running a side effect whose first run cannot be
+checked could do it twice.
+
+Needs the ``redis`` extra: ``pip install 'tripwire[redis]'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final
+
+from tripwire.errors import ConfigError
+from tripwire.store.base import OnUnavailable, Record, StoreUnavailable
+from tripwire.store.memory import MemoryLedger
+
+try:
+    import redis as _redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "tripwire.store.redis needs the redis client: pip install 'tripwire[redis]'"
+    ) from exc
+
+__all__ = ["RedisIdempotencyStore", "RedisLedger", "connect"]
+
+logger = logging.getLogger("tripwire.store.redis")
+
+DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
+DEFAULT_TIMEOUT_S: Final = 0.05
+
+_RESERVE: Final = """
+local ttl = tonumber(ARGV[1])
+local n = #KEYS
+local totals = {}
+for i = 1, n do
+  local cur = tonumber(redis.call('GET', KEYS[i]) or '0')
+  local amount = tonumber(ARGV[2 * i])
+  local cap = tonumber(ARGV[2 * i + 1])
+  if cap >= 0 and cur + amount > cap then
+    local now = {}
+    for j = 1, n do now[j] = tonumber(redis.call('GET', KEYS[j]) or '0') end
+    return {i, now}
+  end
+  totals[i] = cur + amount
+end
+for i = 1, n do
+  redis.call('INCRBY', KEYS[i], ARGV[2 * i])
+  if ttl > 0 then redis.call('EXPIRE', KEYS[i], ttl) end
+end
+return {0, totals}
+"""
+
+_ADD: Final = """
+local ttl = tonumber(ARGV[1])
+local out = {}
+for i = 1, #KEYS do
+  out[i] = redis.call('INCRBY', KEYS[i], ARGV[i + 1])
+  if ttl > 0 then redis.call('EXPIRE', KEYS[i], ttl) end
+end
+return out
+"""
+
+_RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == 'p' then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_ERRORS: Final = (_redis.RedisError, OSError)
+
+
+def connect(url: str = DEFAULT_URL, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> _redis.Redis:
+    """A Redis client with short timeouts and no retries, as tripwire's stores want it."""
+    if not timeout_s > 0:
+        raise ConfigError("timeout_s", timeout_s, "a number of seconds > 0")
+    return _redis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry_on_timeout=False,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=0,
+    )
+
+
+@contextlib.contextmanager
+def _no_spans() -> Iterator[None]:
+    """Suppress OpenTelemetry instrumentation (e.g. the redis instrumentor) for our own calls."""
+    try:
+        from opentelemetry import context as otel_context
+    except ImportError:
+        yield
+        return
+    token = otel_context.attach(
+        otel_context.set_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY, True)
+    )
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+class RedisLedger:
+    """The budget ledger in Redis: atomic check-and-add by Lua script.
+
+    Args:
+        client: a Redis client; default :func:`connect` ``(url, timeout_s=timeout_s)``. A client
+            you pass is used as is: give it short timeouts yourself.
+        url: where Redis is, when no client is given.
+        prefix: prefix of every key (use one per application or test).
+        on_unavailable: ``"fail_open"`` or ``"fail_closed"`` (see the module docstring).
+        timeout_s: socket and connect timeout of the default client.
+        ttl_s: counters expire this long after their last change (0 = never).
+        retry_after_s: after a failure in ``fail_open`` mode, how long to count locally before
+            trying Redis again.
+        clock: the clock for ``retry_after_s`` (injectable for tests).
+    """
+
+    remote = True
+
+    def __init__(
+        self,
+        client: _redis.Redis | None = None,
+        *,
+        url: str = DEFAULT_URL,
+        prefix: str = "tripwire",
+        on_unavailable: OnUnavailable = "fail_open",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        ttl_s: int = 86_400,
+        retry_after_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if on_unavailable not in ("fail_open", "fail_closed"):
+            raise ConfigError("on_unavailable", on_unavailable, "'fail_open' or 'fail_closed'")
+        if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or ttl_s < 0:
+            raise ConfigError("ttl_s", ttl_s, "an integer number of seconds >= 0")
+        self.client = client if client is not None else connect(url, timeout_s=timeout_s)
+        self.prefix = prefix
+        self.on_unavailable: OnUnavailable = on_unavailable
+        self.ttl_s = ttl_s
+        self.retry_after_s = retry_after_s
+        self.failures = 0
+        """How many Redis calls failed (each one degraded as ``on_unavailable`` says)."""
+        self._clock = clock
+        self._down_until = float("-inf")
+        self._warned = False
+        self._local = MemoryLedger()
+        self._lock = threading.Lock()
+        self._reserve = self.client.register_script(_RESERVE)
+        self._add = self.client.register_script(_ADD)
+
+    def key(self, counter: str) -> str:
+        """The Redis key of a counter."""
+        return f"{self.prefix}:{counter}"
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run one Redis call; on failure degrade (fail_open → None) or raise StoreUnavailable."""
+        if self._clock() < self._down_until:
+            return None
+        try:
+            with _no_spans():
+                return fn()
+        except _ERRORS as exc:
+            self.failures += 1
+            if self.on_unavailable == "fail_closed":
+                raise StoreUnavailable("Redis ledger", f"{type(exc).__name__}: {exc}") from exc
+            self._down_until = self._clock() + self.retry_after_s
+            with self._lock:
+                warn, self._warned = not self._warned, True
+            if warn:
+                logger.warning(
+                    "Redis ledger unreachable (%s: %s); on_unavailable='fail_open': counting "
+                    "budgets locally in this process until it answers again",
+                    type(exc).__name__,
+                    exc,
+                )
+            return None
+
+    def reserve(self, items: Sequence[tuple[str, int, int | None]]) -> tuple[int, list[int]]:
+        """See :meth:`tripwire.store.base.Ledger.reserve`."""
+        keys = [self.key(k) for k, _, _ in items]
+        args: list[int] = [self.ttl_s]
+        for _, amount, cap in items:
+            args += (amount, -1 if cap is None else cap)
+        reply = self._call(lambda: self._reserve(keys=keys, args=args))
+        if reply is None:
+            return self._local.reserve(items)
+        index, totals = reply
+        return int(index) - 1, [int(t) for t in totals]
+
+    def add(self, items: Sequence[tuple[str, int]]) -> list[int]:
+        """See :meth:`tripwire.store.base.Ledger.add`."""
+        keys = [self.key(k) for k, _ in items]
+        args = [self.ttl_s, *(amount for _, amount in items)]
+        reply = self._call(lambda: self._add(keys=keys, args=args))
+        if reply is None:
+            return self._local.add(items)
+        return [int(t) for t in reply]
+
+    def get(self, counters: Sequence[str]) -> list[int]:
+        """See :meth:`tripwire.store.base.Ledger.get`."""
+        if not counters:
+            return []
+        keys = [self.key(k) for k in counters]
+        reply = self._call(lambda: self.client.mget(keys))
+        if reply is None:
+            return self._local.get(counters)
+        return [int(v) if v is not None else 0 for v in reply]
+
+
+class RedisIdempotencyStore:
+    """Operation records in Redis (``SET NX`` claims). Fails closed when Redis is unreachable.
+
+    Args:
+        client: a Redis client; default :func:`connect` ``(url, timeout_s=timeout_s)``.
+        url: where Redis is, when no client is given.
+        prefix: prefix of every key.
+        ttl_s: how long a record is kept (0 = forever).
+        timeout_s: socket and connect timeout of the default client.
+    """
+
+    def __init__(
+        self,
+        client: _redis.Redis | None = None,
+        *,
+        url: str = DEFAULT_URL,
+        prefix: str = "tripwire:idem",
+        ttl_s: int = 7 * 86_400,
+        timeout_s: float = 0.25,
+    ) -> None:
+        self.client = client if client is not None else connect(url, timeout_s=timeout_s)
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+        self._release = self.client.register_script(_RELEASE)
+
+    def _key(self, operation_id: str) -> str:
+        return f"{self.prefix}:{operation_id}"
+
+    def _do(self, fn: Callable[[], Any]) -> Any:
+        try:
+            with _no_spans():
+                return fn()
+        except _ERRORS as exc:
+            raise StoreUnavailable(
+                "Redis idempotency store", f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    def claim(self, operation_id: str) -> Record | None:
+        """See :meth:`tripwire.store.base.IdempotencyStore.claim`."""
+        key = self._key(operation_id)
+        ex = self.ttl_s or None
+        if self._do(lambda: self.client.set(key, b"p", nx=True, ex=ex)):
+            return None
+        value = self._do(lambda: self.client.get(key))
+        if value is None:  # expired or released in between: still not ours to run
+            return Record("pending")
+        raw = bytes(value)
+        return Record("done", raw[1:]) if raw[:1] == b"d" else Record("pending")
+
+    def complete(self, operation_id: str, payload: bytes) -> None:
+        """See :meth:`tripwire.store.base.IdempotencyStore.complete`."""
+        key = self._key(operation_id)
+        self._do(lambda: self.client.set(key, b"d" + payload, ex=self.ttl_s or None))
+
+    def release(self, operation_id: str) -> None:
+        """See :meth:`tripwire.store.base.IdempotencyStore.release`."""
+        key = self._key(operation_id)
+        self._do(lambda: self._release(keys=[key]))

@@ -1,0 +1,512 @@
+"""The run guard end to end, in-process: every limit through the stateful shell."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import threading
+import uuid
+import warnings
+
+import pytest
+
+from tripwire.core.budget import Level, Limits
+from tripwire.core.reasons import Rule, StopReason, Verdict
+from tripwire.core.results import ToolResult
+from tripwire.errors import BudgetExceeded, ConfigError, LoopDetected, RunStopped
+from tripwire.guard import Guard, GuardSnapshot
+from tripwire.prices import CostNotFoundWarning
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_steps_limit_minus_one_limit_plus_one_with_partial_answer() -> None:
+    guard = Guard(Limits(max_steps=3), loop_policy=None)
+    seen: list[GuardSnapshot] = []
+
+    def partial(snap: GuardSnapshot) -> str:
+        seen.append(snap)
+        return f"partial answer after {snap.counters.steps} steps"
+
+    guard.partial_answer = partial
+    guard.before_step()
+    guard.before_step()
+    assert guard.before_step().level is Level.RESTRICT  # step 3 of 3: the last
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_step()
+    exc = info.value
+    assert exc.reason is StopReason.MAX_STEPS
+    assert (exc.limit_name, exc.limit, exc.observed) == ("max_steps", 3, 4)
+    assert exc.counters.steps == 3
+    assert exc.partial == "partial answer after 3 steps"
+    assert seen[0].reason is StopReason.MAX_STEPS
+    assert seen[0].condition == {"steps": 3, "requested": 1, "max_steps": 3}
+
+
+def test_a_stopped_run_stays_stopped_and_the_hook_runs_once() -> None:
+    calls = []
+    guard = Guard(Limits(max_steps=1), loop_policy=None)
+    guard.partial_answer = lambda snap: calls.append(1) or "p"
+    guard.before_step()
+    with pytest.raises(BudgetExceeded) as first:
+        guard.before_step()
+    with pytest.raises(BudgetExceeded) as again:
+        guard.before_tool("search", {"q": 1})
+    assert again.value is first.value
+    assert calls == [1]
+    assert guard.reason is StopReason.MAX_STEPS
+    assert guard.stopped is first.value
+
+
+def test_the_exception_pickles_with_counters_and_partial() -> None:
+    guard = Guard(Limits(max_tool_calls=0), loop_policy=None)
+    guard.partial_answer = lambda snap: {"answer": "so far"}
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_tool("search", {"q": 1})
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert copy.reason is StopReason.MAX_TOOL_CALLS
+    assert copy.partial == {"answer": "so far"}
+    assert copy.counters.tool_calls == 0
+    assert str(copy) == str(info.value)
+
+
+def test_a_failing_hook_does_not_hide_the_stop() -> None:
+    guard = Guard(Limits(max_steps=0), loop_policy=None)
+
+    def broken(snap: GuardSnapshot) -> str:
+        raise KeyError("bug in the runner's hook")
+
+    guard.partial_answer = broken
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_step()
+    assert info.value.partial is None
+    assert guard.hook_errors == 1
+
+
+@pytest.mark.parametrize(("cap", "allowed"), [(2, 2), (3, 3), (4, 4)])
+def test_tool_calls_cap_allows_exactly_n(cap: int, allowed: int) -> None:
+    guard = Guard(Limits(max_tool_calls=cap), loop_policy=None)
+    done = 0
+    with pytest.raises(BudgetExceeded) as info:
+        for i in range(10):
+            guard.before_tool("search", {"q": i})
+            done += 1
+    assert done == allowed
+    assert info.value.reason is StopReason.MAX_TOOL_CALLS
+    assert info.value.counters.tool_calls == cap
+
+
+def test_per_tool_cap_and_advisory() -> None:
+    guard = Guard(Limits(tool_caps={"send_email": 1, "search": 5}), loop_policy=None)
+    adv = guard.before_tool("send_email", {"to": "a@example.com"})
+    assert adv.level is Level.ADVISE and adv.remaining == 0
+    for i in range(3):
+        assert guard.before_tool("search", {"q": i}).ok
+    assert guard.before_tool("search", {"q": 9}).remaining == 1  # 4 of 5: 80 %
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_tool("send_email", {"to": "b@example.com"})
+    assert info.value.reason is StopReason.MAX_TOOL_CALLS_FOR_TOOL
+    assert info.value.limit_name == "tool_caps['send_email']"
+    assert info.value.counters.tool_calls_by_tool == {"send_email": 1, "search": 4}
+
+
+def test_parallel_batch_is_refused_as_a_whole() -> None:
+    guard = Guard(Limits(max_tool_calls=4), loop_policy=None)
+    guard.before_tools([("a", {"i": 1}), ("b", {"i": 2}), ("c", {"i": 3})])
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_tools([("a", {"i": 4}), ("b", {"i": 5})])
+    assert info.value.counters.tool_calls == 3  # nothing of the refused batch was counted
+    assert (info.value.limit, info.value.observed) == (4, 5)
+
+
+def test_parallel_batch_under_a_per_tool_cap() -> None:
+    guard = Guard(Limits(tool_caps={"send_email": 2}), loop_policy=None)
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_tools([("send_email", {"to": x}) for x in "abc"])
+    assert info.value.reason is StopReason.MAX_TOOL_CALLS_FOR_TOOL
+    assert info.value.counters.tool_calls == 0
+
+
+@pytest.mark.parametrize(("cap", "allowed"), [(1, 1), (2, 2)])
+def test_duplicate_calls(cap: int, allowed: int) -> None:
+    guard = Guard(Limits(max_duplicate_calls=cap), loop_policy=None)
+    done = 0
+    with pytest.raises(BudgetExceeded) as info:
+        for _ in range(5):
+            guard.before_tool("search", {"q": "same", "timestamp": done})  # volatile key ignored
+            done += 1
+    assert done == allowed
+    assert info.value.reason is StopReason.MAX_DUPLICATE_CALLS
+    guard2 = Guard(Limits(max_duplicate_calls=1), loop_policy=None)
+    guard2.before_tool("search", {"q": "a"})
+    guard2.before_tool("search", {"q": "b"})  # different arguments: fine
+
+
+def test_loop_detected_after_tool_with_partial_answer() -> None:
+    guard = Guard()
+    guard.partial_answer = lambda snap: f"stopped after {snap.counters.tool_calls} calls"
+    with pytest.raises(LoopDetected) as info:
+        for _ in range(10):
+            guard.before_tool("search_docs", {"query": "refund policy"})
+            guard.after_tool(
+                "search_docs", {"query": "refund policy"}, ToolResult.success("no results")
+            )
+    exc = info.value
+    assert exc.reason is StopReason.LOOP_DETECTED
+    assert (exc.rule, exc.tool, exc.hits, exc.call_index) == (Rule.REPETITION, "search_docs", 4, 4)
+    assert exc.partial == "stopped after 4 calls"
+    assert guard.snapshot().verdict is Verdict.STUCK
+
+
+def test_loop_policy_none_switches_the_watcher_off() -> None:
+    guard = Guard(loop_policy=None)
+    for _ in range(20):
+        guard.before_tool("poll", {"job": 1})
+        guard.after_tool("poll", {"job": 1}, ToolResult.success("pending"))
+    assert guard.snapshot().counters.tool_calls == 20
+
+
+def test_retry_of_non_retryable_is_refused_before_it_runs() -> None:
+    guard = Guard(loop_policy=None)
+    args = {"card": "4242", "amount": 10}
+    guard.before_tool("charge", args)
+    guard.after_tool("charge", args, ToolResult.error("card_declined", retryable=False))
+    guard.before_tool("charge", {"card": "4242", "amount": 5})  # other arguments: allowed
+    with pytest.raises(LoopDetected) as info:
+        guard.before_tool("charge", dict(args))
+    assert info.value.reason is StopReason.RETRY_OF_NON_RETRYABLE
+    assert info.value.rule is Rule.RETRY_OF_NON_RETRYABLE
+    assert info.value.counters.tool_calls == 2  # the refused call was not counted
+
+
+def test_retryable_errors_and_successes_do_not_refuse() -> None:
+    guard = Guard(loop_policy=None)
+    guard.before_tool("fetch", {"u": 1})
+    guard.after_tool("fetch", {"u": 1}, ToolResult.error("timeout", retryable=True))
+    guard.before_tool("fetch", {"u": 1})
+    guard.after_tool("fetch", {"u": 1}, ToolResult.error("gone", retryable=False))
+    # a success of the same call (e.g. reported by another path) clears the refusal
+    guard.after_tool("fetch", {"u": 1}, ToolResult.success("ok"))
+    guard.before_tool("fetch", {"u": 1})
+
+
+def test_tool_result_validation() -> None:
+    with pytest.raises(ConfigError):
+        ToolResult(ok=False)
+    with pytest.raises(ConfigError):
+        ToolResult(ok=True, code="x")
+    assert ToolResult.error("e", retryable=False).retryable is False
+
+
+def test_tokens_stop_after_the_usage_report() -> None:
+    guard = Guard(Limits(max_total_tokens=1000), loop_policy=None, prices=None)
+    assert guard.record_usage(input_tokens=700, output_tokens=99).ok  # 799
+    adv = guard.record_usage(input_tokens=1, output_tokens=0)  # 800: advise
+    assert adv.level is Level.ADVISE
+    adv = guard.record_usage(input_tokens=100, output_tokens=0)  # 900: restrict
+    assert adv.level is Level.RESTRICT
+    refused = guard.before_tool("search", {"q": 1})
+    assert not refused.allowed and refused.level is Level.RESTRICT
+    assert "without tools" in refused.message
+    assert guard.snapshot().counters.tool_calls == 0
+    with pytest.raises(BudgetExceeded) as info:
+        guard.record_usage(input_tokens=50, output_tokens=50)  # 1000: reached
+    assert info.value.reason is StopReason.MAX_TOTAL_TOKENS
+    assert info.value.observed == 1000
+    assert info.value.counters.total_tokens == 1000
+
+
+def test_cost_from_genai_prices() -> None:
+    guard = Guard(Limits(max_cost_usd=0.01), loop_policy=None)
+    # gpt-4o: $2.50 per million input tokens, $10 per million output tokens
+    guard.record_usage(model="gpt-4o", input_tokens=1000, output_tokens=100)
+    assert guard.snapshot().counters.cost_usd == pytest.approx(0.0035)
+    guard.record_usage(model="gpt-4o", input_tokens=1000, output_tokens=100)  # 0.007
+    with pytest.raises(BudgetExceeded) as info:
+        guard.record_usage(model="gpt-4o", input_tokens=1000, output_tokens=100)  # 0.0105
+    assert info.value.reason is StopReason.MAX_COST
+    assert info.value.observed == pytest.approx(0.0105)
+
+
+def test_reported_cost_wins_over_the_table() -> None:
+    guard = Guard(Limits(max_cost_usd=1.0), loop_policy=None)
+    guard.record_usage(model="gpt-4o", input_tokens=10**6, output_tokens=0, cost_usd=0.25)
+    assert guard.snapshot().counters.cost_usd == pytest.approx(0.25)
+
+
+def test_unknown_model_warns_once_and_is_not_a_silent_zero() -> None:
+    model = f"no-such-model-{uuid.uuid4().hex[:8]}"
+    guard = Guard(Limits(max_cost_usd=0.01), loop_policy=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guard.record_usage(model=model, input_tokens=10, output_tokens=10)
+        guard.record_usage(model=model, input_tokens=10, output_tokens=10)
+    found = [w for w in caught if issubclass(w.category, CostNotFoundWarning)]
+    assert len(found) == 1
+    assert model in str(found[0].message) and "cannot be enforced" in str(found[0].message)
+    counters = guard.snapshot().counters
+    assert counters.unpriced_calls == 2 and counters.cost_usd == 0
+
+
+def test_duration_levels_and_deadline() -> None:
+    clock = FakeClock()
+    guard = Guard(Limits(max_duration_s=100), loop_policy=None, clock=clock)
+    clock.now += 79
+    assert guard.before_step().ok
+    clock.now += 1  # 80 s
+    assert guard.before_step().level is Level.ADVISE
+    assert guard.before_tool("a", {}).allowed
+    clock.now += 10  # 90 s: restrict
+    refused = guard.before_tool("a", {})
+    assert not refused.allowed and refused.limit_name == "max_duration_s"
+    clock.now += 10  # 100 s
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_step()
+    assert info.value.reason is StopReason.MAX_DURATION
+    assert info.value.observed == 100
+
+
+def test_deadline_is_checked_before_tool_calls() -> None:
+    clock = FakeClock()
+    guard = Guard(Limits(max_duration_s=5), loop_policy=None, clock=clock)
+    clock.now += 5
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_tool("a", {})
+    assert info.value.reason is StopReason.MAX_DURATION
+
+
+@pytest.mark.parametrize(("cap", "stalled_steps_allowed"), [(1, 1), (2, 2)])
+def test_no_progress(cap: int, stalled_steps_allowed: int) -> None:
+    guard = Guard(Limits(max_no_progress_steps=cap), loop_policy=None)
+    guard.before_step()
+    guard.progress("facts:1")
+    stalled = 0
+    with pytest.raises(BudgetExceeded) as info:
+        for _ in range(5):
+            guard.before_step()
+            guard.progress("facts:1")  # nothing new this step
+            stalled += 1
+    assert stalled == stalled_steps_allowed
+    assert info.value.reason is StopReason.NO_PROGRESS
+
+
+def test_progress_resets_the_streak() -> None:
+    # every other step repeats the fingerprint: the streak never passes 1 of 2
+    guard = Guard(Limits(max_no_progress_steps=2), loop_policy=None)
+    for i in range(6):
+        guard.before_step()
+        guard.progress(f"facts:{i // 2}")  # changes every other step
+    assert guard.snapshot().counters.steps == 6
+
+
+def test_restricted_last_step_refuses_tools_without_counting() -> None:
+    guard = Guard(Limits(max_steps=2), loop_policy=None)
+    guard.before_step()
+    assert guard.before_tool("search", {"q": 1}).allowed
+    last = guard.before_step()
+    assert last.level is Level.RESTRICT
+    refusal = guard.before_tools([("search", {"q": 2}), ("fetch", {"u": 1})])
+    assert not refusal.allowed
+    assert refusal.message == (
+        "Tool call refused, the run is near its max_steps limit (this is the last step). "
+        "Answer now from what you have, without tools."
+    )
+    assert guard.snapshot().counters.tool_calls == 1
+
+
+# -- sub-agents ---------------------------------------------------------------------------
+
+
+def test_child_has_its_own_tighter_budget_and_spends_the_parents() -> None:
+    parent = Guard(Limits(max_tool_calls=5, max_subagents=3), loop_policy=None)
+    child = parent.subagent(Limits(max_tool_calls=3))
+    for i in range(3):
+        child.before_tool("search", {"q": i})
+    with pytest.raises(BudgetExceeded) as info:
+        child.before_tool("search", {"q": 99})
+    assert info.value.limit == 3  # the child's own cap fired
+    second = parent.subagent(Limits(max_tool_calls=3))
+    second.before_tool("search", {"q": "x"})
+    second.before_tool("search", {"q": "y"})
+    with pytest.raises(BudgetExceeded) as info:
+        second.before_tool("search", {"q": "z"})  # the parent's 5 are spent
+    assert info.value.limit == 5 and info.value.reason is StopReason.MAX_TOOL_CALLS
+    assert parent.snapshot().counters.tool_calls == 5
+    with pytest.raises(BudgetExceeded):
+        parent.before_tool("search", {"q": "parent"})
+
+
+def test_nested_subagents_share_tokens_cost_and_the_subagent_count() -> None:
+    root = Guard(Limits(max_cost_usd=1.0, max_subagents=2), loop_policy=None)
+    child = root.subagent(Limits(max_cost_usd=0.8))
+    grandchild = child.subagent()  # counts against the root's max_subagents too
+    grandchild.record_usage(input_tokens=10, output_tokens=5, cost_usd=0.5)
+    assert root.snapshot().counters.cost_usd == pytest.approx(0.5)
+    assert child.snapshot().counters.cost_usd == pytest.approx(0.5)
+    assert root.snapshot().counters.subagents == 2
+    with pytest.raises(BudgetExceeded) as info:
+        root.subagent()
+    assert info.value.reason is StopReason.MAX_SUBAGENTS
+    with pytest.raises(BudgetExceeded) as info2:
+        grandchild.record_usage(cost_usd=0.3)  # 0.8: the child's limit fires
+    assert info2.value.reason is StopReason.MAX_COST and info2.value.limit == 0.8
+
+
+def test_child_usage_stops_the_parent_at_its_next_step() -> None:
+    root = Guard(Limits(max_total_tokens=100), loop_policy=None, prices=None)
+    child = root.subagent()
+    with pytest.raises(BudgetExceeded):
+        child.record_usage(input_tokens=80, output_tokens=30)
+    with pytest.raises(BudgetExceeded) as info:
+        root.before_step()
+    assert info.value.reason is StopReason.MAX_TOTAL_TOKENS
+
+
+def test_child_inherits_the_parents_deadline() -> None:
+    clock = FakeClock()
+    root = Guard(Limits(max_duration_s=10), loop_policy=None, clock=clock)
+    clock.now += 4
+    child = root.subagent(Limits(max_duration_s=60))
+    clock.now += 6
+    with pytest.raises(BudgetExceeded) as info:
+        child.before_step()
+    assert info.value.reason is StopReason.MAX_DURATION and info.value.limit == 10
+
+
+# -- concurrency --------------------------------------------------------------------------
+
+
+def test_threads_spend_exactly_the_cap() -> None:
+    guard = Guard(Limits(max_tool_calls=200), loop_policy=None)
+    parent_ok: list[int] = []
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        ok = 0
+        for i in range(100):
+            try:
+                guard.before_tool("t", {"w": n, "i": i})
+            except BudgetExceeded:
+                break
+            ok += 1
+        with lock:
+            parent_ok.append(ok)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(parent_ok) == 200
+
+
+async def test_async_variants_and_tasks_share_one_budget() -> None:
+    guard = Guard(Limits(max_tool_calls=10), loop_policy=None)
+
+    async def agent(n: int) -> int:
+        ok = 0
+        for i in range(10):
+            try:
+                await guard.abefore_tool("t", {"n": n, "i": i})
+            except BudgetExceeded:
+                return ok
+            ok += 1
+            await asyncio.sleep(0)
+        return ok
+
+    results = await asyncio.gather(*(agent(n) for n in range(4)))
+    assert sum(results) == 10
+
+
+# -- timeouts -----------------------------------------------------------------------------
+
+
+def test_sync_timeout_stops_the_run() -> None:
+    guard = Guard(loop_policy=None)
+    release = threading.Event()
+
+    def slow_tool() -> str:
+        release.wait(5)
+        return "late"
+
+    try:
+        with pytest.raises(BudgetExceeded) as info:
+            guard.timeout(slow_tool, 0.05)
+    finally:
+        release.set()
+    assert info.value.reason is StopReason.MAX_DURATION
+    assert info.value.limit_name == "tool_timeout_s" and info.value.limit == 0.05
+    assert guard.timeout is not None and guard.reason is StopReason.MAX_DURATION
+
+
+def test_sync_timeout_passes_results_and_errors_through() -> None:
+    guard = Guard(Limits(tool_timeout_s=5), loop_policy=None)
+    assert guard.timeout(lambda a, b: a + b, None, 2, 3) == 5
+
+    def failing() -> None:
+        raise ValueError("tool bug")
+
+    with pytest.raises(ValueError, match="tool bug"):
+        guard.timeout(failing)
+
+
+async def test_async_timeout() -> None:
+    guard = Guard(loop_policy=None)
+    assert await guard.atimeout(asyncio.sleep(0, result=7), 1.0) == 7
+    with pytest.raises(BudgetExceeded) as info:
+        await guard.atimeout(asyncio.sleep(5), 0.05)
+    assert info.value.reason is StopReason.MAX_DURATION
+    assert info.value.limit_name == "tool_timeout_s"
+
+
+def test_timeout_is_cut_by_the_run_deadline() -> None:
+    clock = FakeClock()
+    guard = Guard(Limits(max_duration_s=10, tool_timeout_s=60), loop_policy=None, clock=clock)
+    clock.now += 9.95  # 0.05 s of the run left
+    release = threading.Event()
+    try:
+        with pytest.raises(BudgetExceeded) as info:
+            guard.timeout(lambda: release.wait(5))
+    finally:
+        release.set()
+    assert info.value.limit_name == "max_duration_s"
+
+
+# -- receipts -----------------------------------------------------------------------------
+
+
+def test_receipt_from_a_budget_stop() -> None:
+    from tripwire.core.receipt import EndKind, HealthState, classify
+
+    guard = Guard(Limits(max_tool_calls=2), loop_policy=None)
+    guard.before_step()
+    guard.before_tool("a", {"i": 1})
+    guard.before_tool("a", {"i": 2})
+    with pytest.raises(BudgetExceeded):
+        guard.before_tool("a", {"i": 3})
+    receipt = guard.receipt("researcher")
+    assert receipt.reason is StopReason.MAX_TOOL_CALLS
+    assert receipt.end is EndKind.STOP_CONDITION
+    assert receipt.condition == {"tool_calls": 2, "requested": 1, "max_tool_calls": 2}
+    assert receipt.counters.tool_calls == 2 and receipt.counters.steps == 1
+    assert classify(receipt).state is HealthState.BOUNDED_STOP
+
+
+def test_receipt_of_a_completed_run() -> None:
+    from tripwire.core.receipt import EndKind
+
+    guard = Guard(loop_policy=None)
+    guard.before_step()
+    guard.finish()
+    receipt = guard.receipt("writer")
+    assert receipt.reason is StopReason.COMPLETED and receipt.end is EndKind.NATURAL_FINISH
+
+
+def test_only_run_stopped_subclasses_escape() -> None:
+    assert issubclass(BudgetExceeded, RunStopped) and issubclass(LoopDetected, RunStopped)
