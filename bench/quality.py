@@ -23,7 +23,6 @@ import math
 import statistics
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +69,9 @@ def summarize(sessions: Iterable[Session]) -> str:
 
 
 def main(corpus: Path) -> int:
-    labels = [json.loads(line) for line in (corpus / "labels.jsonl").read_text().splitlines() if line]
+    labels = [
+        json.loads(line) for line in (corpus / "labels.jsonl").read_text().splitlines() if line
+    ]
     by_file = {str((corpus / lab["file"]).resolve()): lab for lab in labels}
     started = time.perf_counter()
     loaded = load_traces([corpus / lab["file"] for lab in labels])
@@ -131,7 +132,7 @@ def main(corpus: Path) -> int:
         for name in detectors:
             line += f"  {summarize(s for s in results[name] if s.label == label):>42s}"
         print(line)
-        for (glabel, source) in sorted(groups):
+        for glabel, source in sorted(groups):
             if glabel != label:
                 continue
             line = f"  {source[:32]:32s}"
@@ -144,9 +145,7 @@ def main(corpus: Path) -> int:
     healthy = [s for s in default if s.label == "healthy"]
     run_rate = sum(s.first_flag is not None for s in run) / len(run)
     healthy_rate = sum(s.first_flag is not None for s in healthy) / len(healthy)
-    med = statistics.median(
-        s.first_flag / s.calls for s in run if s.first_flag is not None
-    )
+    med = statistics.median(s.first_flag / s.calls for s in run if s.first_flag is not None)
     print("goal (issue 7): runaway flagged >= 45%, healthy flagged <= 1%, median first flag < 0.50")
     print(
         f"default:        runaway flagged {run_rate:.1%}, healthy flagged {healthy_rate:.1%}, "
@@ -158,7 +157,11 @@ def main(corpus: Path) -> int:
 
 
 if __name__ == "__main__":
-    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared" / "corpus"
+    root = (
+        Path(sys.argv[1])
+        if len(sys.argv) > 1
+        else Path(__file__).resolve().parents[2] / "shared" / "corpus"
+    )
     if not (root / "labels.jsonl").is_file():
         print(f"no corpus at {root} (expected labels.jsonl there)", file=sys.stderr)
         raise SystemExit(2)

@@ -1,0 +1,372 @@
+"""``tripwire calibrate PATH... --labels FILE``: which window and threshold fit your history."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from tripwire.cli import app
+from tripwire.cli._common import EXIT_DETECTED, EXIT_USAGE, err_console, out_console
+from tripwire.cli._replay_options import (
+    JsonOut,
+    Paths,
+    PolicyPath,
+    PolicyPreset,
+    PollingTools,
+    VolatileKeys,
+    abort_plain,
+    reading_progress,
+    report_problems,
+    resolve_policy,
+)
+from tripwire.core.policy import KeyMode
+
+__all__ = ["calibrate"]
+
+_HELP = "\n\n".join(
+    (
+        "Measure catches, false alarms and detection delay for a grid of loop policies on "
+        "labelled traces, and recommend one.",
+        "Labels (JSON Lines) say per trace whether it was an incident: "
+        '{"trace_id": …, "incident": true, "incident_from": 12} or, per trace file, '
+        '{"file": "relative/to/labels.json", "label": "runaway"}. The traces are read once; '
+        "every policy of the grid (window x threshold x key x max period, around the base "
+        "policy from --policy-preset / --policy) is replayed over them.",
+        "Per policy: incidents caught, healthy traces flagged (false alarms), median delay in "
+        "calls after the incident began (call 1 when not labelled), median first flag as a "
+        "share of the trace, and the share of the incidents' calls after the first flag (what "
+        "stopping there saves). ★ marks the Pareto front, → the recommendation: the most "
+        "catches with false alarms under --max-false-alarms.",
+        "Exit codes: 0 OK; 1 no policy meets the false-alarm cap; 2 a usage error or "
+        "unreadable input (unless --keep-going).",
+    )
+)
+
+
+def _ints(option: str, text: str | None, minimum: int) -> list[int] | None:
+    if text is None:
+        return None
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = int(part)
+        except ValueError:
+            abort_plain(f"{option} takes a comma-separated list of integers >= {minimum}, got {part!r}")
+        if value < minimum:
+            abort_plain(f"{option} takes integers >= {minimum}, got {value}")
+        out.append(value)
+    return sorted(set(out))
+
+
+def _periods(text: str | None) -> list[int | None] | None:
+    if text is None:
+        return None
+    out: list[int | None] = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part in ("off", "none"):
+            value: int | None = None
+        else:
+            try:
+                value = int(part)
+            except ValueError:
+                abort_plain(f"--max-periods takes integers >= 2 or 'off', comma-separated; got {part!r}")
+            if value < 2:
+                abort_plain(f"--max-periods takes integers >= 2 or 'off', got {value}")
+        if value not in out:
+            out.append(value)
+    return out
+
+
+def _keys(text: str | None) -> list[KeyMode] | None:
+    if text is None:
+        return None
+    out: list[KeyMode] = []
+    for part in text.split(","):
+        try:
+            key = KeyMode(part.strip().lower())
+        except ValueError:
+            abort_plain(f"--keys takes 'tool+args' and/or 'tool', comma-separated; got {part.strip()!r}")
+        if key not in out:
+            out.append(key)
+    return out
+
+
+@app.command(
+    "calibrate",
+    help=_HELP,
+    short_help="Pick window/threshold from labelled traces: catches vs false alarms.",
+)
+def calibrate(
+    paths: Paths,
+    labels: Annotated[
+        str,
+        typer.Option(
+            "--labels", envvar="TRIPWIRE_LABELS", metavar="FILE", show_default=False,
+            help="Labels, JSON Lines: per trace id ('incident': true/false, optional "
+            "'incident_from') or per file ('file' relative to the labels file, 'label').",
+        ),
+    ],
+    incident_label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--incident-label", envvar="TRIPWIRE_INCIDENT_LABELS", metavar="VALUE",
+            show_default=False,
+            help="A 'label' value that marks an incident; repeatable. Default: runaway.",
+        ),
+    ] = None,
+    healthy_label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--healthy-label", envvar="TRIPWIRE_HEALTHY_LABELS", metavar="VALUE",
+            show_default=False,
+            help="A 'label' value that marks a healthy run (must not be flagged); repeatable. "
+            "Default: healthy. Other values are ignored.",
+        ),
+    ] = None,
+    windows: Annotated[
+        str | None,
+        typer.Option(
+            "--windows", envvar="TRIPWIRE_WINDOWS", metavar="N,N…", show_default=False,
+            help="Windows to try, comma-separated. Default: 6,10,15,20,30 and the base policy's.",
+        ),
+    ] = None,
+    thresholds: Annotated[
+        str | None,
+        typer.Option(
+            "--thresholds", envvar="TRIPWIRE_THRESHOLDS", metavar="N,N…", show_default=False,
+            help="Thresholds to try, comma-separated. Default: 3,4,5,6 and the base policy's.",
+        ),
+    ] = None,
+    keys: Annotated[
+        str | None,
+        typer.Option(
+            "--keys", envvar="TRIPWIRE_KEYS", metavar="KEY,…", show_default=False,
+            help="Key modes to try: tool+args, tool. Default: both.",
+        ),
+    ] = None,
+    max_periods: Annotated[
+        str | None,
+        typer.Option(
+            "--max-periods", envvar="TRIPWIRE_MAX_PERIODS", metavar="N|off,…", show_default=False,
+            help="Longest cycles to try, or 'off'. Default: off,3,6 and the base policy's.",
+        ),
+    ] = None,
+    policy_file: PolicyPath = None,
+    policy_preset: PolicyPreset = None,
+    volatile_key: VolatileKeys = None,
+    polling_tool: PollingTools = None,
+    max_false_alarms: Annotated[
+        float,
+        typer.Option(
+            "--max-false-alarms", envvar="TRIPWIRE_MAX_FALSE_ALARMS", min=0.0, max=1.0,
+            help="The highest share of healthy traces the recommended policy may flag.",
+        ),
+    ] = 0.02,
+    json_out: JsonOut = False,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            "--plot", envvar="TRIPWIRE_PLOT", metavar="FILE.png", show_default=False,
+            help="Draw catch rate vs false-alarm rate, Pareto front highlighted (needs "
+            "pip install 'tripwire[plot]').",
+        ),
+    ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers", envvar="TRIPWIRE_WORKERS", min=0,
+            help="Processes for the grid (0 = one per CPU, at most 4). Results do not depend on it.",
+        ),
+    ] = 0,
+    keep_going: Annotated[
+        bool,
+        typer.Option(
+            "--keep-going", envvar="TRIPWIRE_KEEP_GOING",
+            help="Report unreadable traces or labels as warnings instead of exiting with code 2.",
+        ),
+    ] = False,
+) -> None:
+    """Calibrate a loop policy on labelled traces (see _HELP)."""
+    from tripwire.errors import ConfigError
+    from tripwire.replay.calibrate import (
+        DEFAULT_HEALTHY_LABELS,
+        DEFAULT_INCIDENT_LABELS,
+        assign_labels,
+        default_grid_axes,
+        load_labels,
+        policy_grid,
+    )
+    from tripwire.replay.calibrate import calibrate as run_grid
+    from tripwire.replay.engine import load_traces
+
+    base, normalizer = resolve_policy(
+        policy_file=policy_file,
+        preset=policy_preset,
+        volatile_keys=volatile_key,
+        polling_tools=polling_tool,
+    )
+    axes = default_grid_axes(base)
+    grid = policy_grid(
+        base,
+        windows=_ints("--windows", windows, 1) or list(axes["window"]),
+        thresholds=_ints("--thresholds", thresholds, 2) or list(axes["threshold"]),
+        keys=_keys(keys) or list(axes["key"]),
+        max_periods=_periods(max_periods) or list(axes["max_period"]),
+    )
+    if not grid:
+        abort_plain("the grid is empty: every threshold is above every window; widen --windows or lower --thresholds")
+
+    try:
+        label_set = load_labels(
+            labels,
+            incident_labels=incident_label or DEFAULT_INCIDENT_LABELS,
+            healthy_labels=healthy_label or DEFAULT_HEALTHY_LABELS,
+        )
+    except ConfigError as exc:
+        abort_plain(str(exc))
+    with reading_progress(paths) as on_file:
+        loaded = load_traces(paths, normalizer, on_file=on_file)
+    n_errors = report_problems([*label_set.problems, *loaded.problems], as_warnings=keep_going)
+    labelled, unmatched = assign_labels(loaded.traces, label_set)
+    n_inc = sum(1 for x in labelled if x.label.incident)
+    n_ok = len(labelled) - n_inc
+    err_console.print(
+        f"[dim]{len(loaded.traces)} trace(s) read; {n_inc} incident(s) and {n_ok} healthy "
+        f"labelled; {label_set.ignored} label(s) with other values ignored; {unmatched} "
+        f"label(s) matched no trace; {len(grid)} policies[/]",
+        highlight=False,
+    )
+    if n_inc == 0:
+        abort_plain(
+            "no labelled incident among the traces, so nothing can be caught; check --labels, "
+            "--incident-label and that the label paths point at the trace files"
+        )
+    if n_ok == 0:
+        err_console.print("[yellow]warning:[/] no healthy trace is labelled: false alarms cannot be measured")
+
+    n_workers = workers or min(4, os.cpu_count() or 1)
+    if sum(len(x.trace.calls) for x in labelled) * len(grid) < 200_000:
+        n_workers = 1  # not worth a pool
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    progress = Progress(
+        TextColumn("replaying policies"), BarColumn(), MofNCompleteColumn(),
+        console=err_console, transient=True, disable=not err_console.is_terminal,
+    )
+    with progress:
+        task = progress.add_task("grid", total=len(grid))
+        try:
+            result = run_grid(
+                labelled,
+                grid,
+                max_false_alarms=max_false_alarms,
+                workers=n_workers,
+                on_policy=lambda done: progress.update(task, completed=done),
+            )
+        except ConfigError as exc:
+            abort_plain(str(exc))
+
+    order = sorted(
+        range(len(result.scores)),
+        key=lambda i: (result.scores[i].false_alarm_rate, -result.scores[i].catch_rate, i),
+    )
+    if json_out:
+        import msgspec
+
+        for i in order:
+            typer.echo(msgspec.json.encode(result.scores[i].to_json()).decode())
+    else:
+        _table(result, order)
+
+    if plot is not None:
+        from tripwire.replay.plot import PlotUnavailable, plot_calibration
+
+        try:
+            plot_calibration(result, plot)
+        except PlotUnavailable as exc:
+            abort_plain(str(exc))
+        except OSError as exc:
+            abort_plain(f"cannot write the plot to {plot} ({exc.strerror or exc}); check the path")
+        err_console.print(f"[dim]plot written to {plot}[/]", highlight=False)
+
+    if n_errors and not keep_going:
+        abort_plain(
+            f"{n_errors} input problem(s), listed above; the rest was used. Fix the input, or "
+            "pass --keep-going",
+            code=EXIT_USAGE,
+        )
+    if result.recommended is None:
+        abort_plain(
+            f"no policy flags at most {max_false_alarms:.1%} of healthy traces; raise "
+            "--max-false-alarms, or try larger --thresholds / --windows",
+            code=EXIT_DETECTED,
+        )
+
+
+def _table(result: object, order: list[int]) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from tripwire.replay.calibrate import Calibration
+
+    assert isinstance(result, Calibration)
+    table = Table(
+        title=f"calibrate · false-alarm cap {result.max_false_alarms:.1%} · ★ Pareto front · → recommended",
+        title_justify="left",
+    )
+    for name, justify in (
+        ("", "left"),
+        ("key", "left"),
+        ("win", "right"),
+        ("thr", "right"),
+        ("per", "right"),
+        ("caught", "right"),
+        ("flagged ok", "right"),
+        ("delay", "right"),
+        ("at", "right"),
+        ("saved", "right"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for i in order:
+        s = result.scores[i]
+        p = s.policy
+        mark = ("→" if s.recommended else " ") + ("★" if s.pareto else " ")
+        style = "bold green" if s.recommended else ("bold" if s.pareto else "")
+        table.add_row(
+            Text(mark),
+            p.key.value,
+            str(p.window),
+            str(p.threshold),
+            "off" if p.max_period is None else str(p.max_period),
+            f"{s.caught} {s.catch_rate:.0%}",
+            f"{s.false_alarms} {s.false_alarm_rate:.1%}",
+            "—" if s.median_delay is None else f"{s.median_delay:g}",
+            "—" if s.median_flag_position is None else f"{s.median_flag_position:.0%}",
+            f"{s.saved_share:.0%}",
+            style=style,
+        )
+    out_console.print(table)
+    first = result.scores[0]
+    out_console.print(
+        f"caught: of {first.incidents} incidents · flagged ok: false alarms, of {first.healthy} "
+        "healthy traces · delay: median calls from the incident's start to the first flag · "
+        "at: median first flag as a share of the trace · saved: incidents' calls after the "
+        "first flag",
+        highlight=False,
+        style="dim",
+    )
+    if result.recommended is not None:
+        rec = result.scores[result.recommended]
+        p = rec.policy
+        mp = "off" if p.max_period is None else p.max_period
+        out_console.print(
+            f"recommended: --key {p.key.value} --window {p.window} --threshold {p.threshold} "
+            f"--max-period {mp}  (policy {p.version}): catches {rec.catch_rate:.0%} of "
+            f"incidents, flags {rec.false_alarm_rate:.1%} of healthy traces",
+            highlight=False,
+        )

@@ -1,0 +1,224 @@
+"""``tripwire replay PATH...``: what a loop policy would have done to recorded traces."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from enum import Enum
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from tripwire.cli import app
+from tripwire.cli._common import EXIT_DETECTED, EXIT_USAGE, err_console, out_console
+from tripwire.cli._replay_options import (
+    JsonOut,
+    Key,
+    MaxPeriod,
+    MinRepeats,
+    Paths,
+    PolicyPath,
+    PolicyPreset,
+    PollingTools,
+    Threshold,
+    VolatileKeys,
+    Window,
+    abort_plain,
+    reading_progress,
+    report_problems,
+    resolve_policy,
+)
+
+if TYPE_CHECKING:
+    from tripwire.replay.engine import TraceResult
+
+__all__ = ["replay"]
+
+_VERDICT_STYLES = {
+    "working": "green",
+    "retrying": "cyan",
+    "waiting": "cyan",
+    "stuck": "bold red",
+    "uncertain": "yellow",
+}
+
+
+class FailOn(str, Enum):
+    """Final verdicts that make ``replay`` exit with code 1."""
+
+    STUCK = "stuck"
+    UNCERTAIN = "uncertain"
+
+
+_HELP = "\n\n".join(
+    (
+        "Replay a loop policy over recorded traces, without calling any model.",
+        "Reads OTLP traces (what OpenTelemetry exporters and the Collector write), groups the "
+        "tool calls by trace across files, and reports per trace the verdict at the end, the "
+        "call at which it first became stuck, the repeated call (tool and signature prefix, "
+        "never the arguments) and how many calls came after. The policy comes from a preset, "
+        "then a policy file, then the options.",
+        "Exit codes: 0 OK; 1 a trace ended with a --fail-on verdict; 2 a usage error or "
+        "unreadable input (unless --keep-going).",
+    )
+)
+
+
+@app.command(
+    "replay",
+    help=_HELP,
+    short_help="Run a loop policy over recorded OTLP traces, offline.",
+)
+def replay(
+    paths: Paths,
+    policy_file: PolicyPath = None,
+    policy_preset: PolicyPreset = None,
+    window: Window = None,
+    threshold: Threshold = None,
+    key: Key = None,
+    max_period: MaxPeriod = None,
+    min_repeats: MinRepeats = None,
+    volatile_key: VolatileKeys = None,
+    polling_tool: PollingTools = None,
+    json_out: JsonOut = False,
+    fail_on: Annotated[
+        list[FailOn] | None,
+        typer.Option(
+            "--fail-on", envvar="TRIPWIRE_FAIL_ON", show_default=False, case_sensitive=False,
+            help="Exit with code 1 when any trace ends with this verdict (for CI gates); "
+            "repeatable.",
+        ),
+    ] = None,
+    skip_empty: Annotated[
+        bool,
+        typer.Option(
+            "--skip-empty", envvar="TRIPWIRE_SKIP_EMPTY",
+            help="Leave out traces without any tool call. By default they are reported, "
+            "with 0 tool calls and verdict 'working'.",
+        ),
+    ] = False,
+    keep_going: Annotated[
+        bool,
+        typer.Option(
+            "--keep-going", envvar="TRIPWIRE_KEEP_GOING",
+            help="Report unreadable input as warnings and exit as if it were not there. By "
+            "default the rest is still replayed, then the exit code is 2.",
+        ),
+    ] = False,
+) -> None:
+    """Replay a loop policy over recorded traces, without calling any model (see _HELP)."""
+    from tripwire.replay.engine import load_traces, replay_trace
+
+    policy, normalizer = resolve_policy(
+        policy_file=policy_file,
+        preset=policy_preset,
+        window=window,
+        threshold=threshold,
+        key=key,
+        max_period=max_period,
+        min_repeats=min_repeats,
+        volatile_keys=volatile_key,
+        polling_tools=polling_tool,
+    )
+    with reading_progress(paths) as on_file:
+        loaded = load_traces(paths, normalizer, on_file=on_file)
+    n_errors = report_problems(loaded.problems, as_warnings=keep_going)
+    if not loaded.traces and n_errors:
+        abort_plain("no trace could be read; check the paths and formats above (see docs/replay.md)")
+
+    results = [
+        replay_trace(t, policy) for t in loaded.traces if not (skip_empty and not t.calls)
+    ]
+    if json_out:
+        import msgspec
+
+        encode = msgspec.json.encode
+        for r in results:
+            typer.echo(encode(r.to_json()).decode())
+    else:
+        _table(results, policy.version, normalizer.version)
+
+    if n_errors and not keep_going:
+        abort_plain(
+            f"{n_errors} input problem(s), listed above; the rest was replayed. Fix the input, "
+            "or pass --keep-going to exit on the replay alone",
+            code=EXIT_USAGE,
+        )
+    if fail_on:
+        wanted = {f.value for f in fail_on}
+        failing = Counter(r.verdict.value for r in results if r.verdict.value in wanted)
+        if failing:
+            what = ", ".join(f"{n} {v}" for v, n in sorted(failing.items()))
+            abort_plain(
+                f"{sum(failing.values())} trace(s) ended with a --fail-on verdict ({what})",
+                code=EXIT_DETECTED,
+            )
+    if not results:
+        err_console.print("[dim]no traces in the input[/]")
+
+
+def _table(results: Sequence[TraceResult], policy_version: str, normalizer_version: str) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from tripwire.core.reasons import Rule
+
+    table = Table(
+        title=f"replay · policy {policy_version} · normalizer {normalizer_version}",
+        title_justify="left",
+        show_lines=False,
+    )
+    table.add_column("trace", no_wrap=True)
+    table.add_column("agent", overflow="fold")
+    table.add_column("calls", justify="right", no_wrap=True)
+    table.add_column("verdict", no_wrap=True, min_width=9)
+    table.add_column("tripped at", overflow="fold")
+    table.add_column("repeated call", overflow="fold")
+    table.add_column("after", justify="right", no_wrap=True)
+
+    verdicts: Counter[str] = Counter()
+    calls = after = tripped = no_args = 0
+    for r in results:
+        verdicts[r.verdict.value] += 1
+        calls += r.tool_calls
+        after += r.calls_after_trip
+        no_args += not r.arguments_seen and r.tool_calls > 0
+        trip = r.first_trip
+        if trip is None:
+            at, repeated, after_text = Text("—", style="dim"), Text("—", style="dim"), Text("—", style="dim")
+        else:
+            tripped += 1
+            at = Text(f"call {trip.call_index} · {trip.rule.value}")
+            sig = f" {trip.digest[:8]}…" if trip.digest else ""
+            if trip.rule is Rule.PERIOD:
+                repeated = Text(f"cycle of {trip.period} ending {trip.tool}{sig} x{trip.hits}")
+            elif trip.rule is Rule.SAME_ERROR:
+                repeated = Text(f"{trip.hits} failures ending {trip.tool}")
+            else:
+                repeated = Text(f"{trip.tool}{sig} x{trip.hits}")
+            after_text = Text(str(r.calls_after_trip))
+        verdict = Text(r.verdict.value, style=_VERDICT_STYLES.get(r.verdict.value, ""))
+        if not r.arguments_seen and r.tool_calls:
+            verdict.append(" (no args)", style="dim")
+        table.add_row(
+            Text(r.trace_id[:12]),
+            Text(r.agent or "—", style="" if r.agent else "dim"),
+            str(r.tool_calls),
+            verdict,
+            at,
+            repeated,
+            after_text,
+        )
+    out_console.print(table)
+    parts = [f"{len(results)} trace(s)", f"{calls} tool call(s)"]
+    parts += [f"{verdicts[v]} {v}" for v in ("stuck", "uncertain", "retrying", "waiting", "working") if verdicts[v]]
+    parts.append(f"{tripped} tripped stuck at some point")
+    parts.append(f"{after} call(s) after the first trip")
+    out_console.print("totals: " + " · ".join(parts), highlight=False)
+    if no_args:
+        err_console.print(
+            f"[yellow]note:[/] {no_args} trace(s) recorded no tool arguments, so their "
+            "signatures are name-only; switch argument capture on, or pass --key tool to let "
+            "the tool name decide",
+            highlight=False,
+        )

@@ -1,0 +1,454 @@
+"""Calibrate: which loop policy catches labelled incidents without stopping healthy runs.
+
+Labels say, per trace, whether it was an incident (and optionally from which tool call on) or
+healthy. :func:`calibrate` replays a grid of policies over traces parsed once
+(:func:`tripwire.replay.engine.load_traces`) and scores each policy:
+
+- *catch rate*: incidents whose verdict became ``stuck`` at some call;
+- *false-alarm rate*: healthy traces whose verdict became ``stuck`` at some call;
+- *median delay*: calls from the labelled start of the incident (call 1 if not given) to the
+  first flag, over caught incidents (negative: flagged before the labelled start);
+- *median flag position*: the first flag's call index as a share of the trace's length;
+- *saved share*: of all the incidents' tool calls, the share that came after the first flag
+  (what stopping there would have saved); *cut share* is the same over healthy traces (work
+  a kill switch would have cut off).
+
+It marks the Pareto front (no other policy catches at least as many incidents with at most
+as many false alarms and no longer delay, and is better in one of them) and recommends the
+policy with the highest catch rate under a false-alarm cap.
+
+Determinism: the grid has a fixed order, ties are broken by that order, and a process pool
+(``workers > 1``, Linux ``fork`` only) returns results in grid order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+import msgspec
+
+from tripwire.core.policy import KeyMode, LoopPolicy
+from tripwire.errors import ConfigError
+from tripwire.replay.engine import TraceCalls, replay_trace
+from tripwire.replay.reader import Problem
+
+__all__ = [
+    "DEFAULT_HEALTHY_LABELS",
+    "DEFAULT_INCIDENT_LABELS",
+    "Calibration",
+    "Label",
+    "LabelSet",
+    "Labelled",
+    "PolicyScore",
+    "assign_labels",
+    "calibrate",
+    "default_grid_axes",
+    "load_labels",
+    "pareto_front",
+    "policy_grid",
+    "score_policy",
+]
+
+DEFAULT_INCIDENT_LABELS: Final = ("runaway",)
+"""Label values that mark an incident (the corpus's runs stopped for exhausting a budget)."""
+DEFAULT_HEALTHY_LABELS: Final = ("healthy",)
+"""Label values that mark a healthy run (must not be flagged)."""
+
+
+# -- labels ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    """One trace's label."""
+
+    incident: bool
+    """True for an incident, False for a healthy run."""
+    incident_from: int = 1
+    """The 1-based tool call at which the incident began (delays are counted from it)."""
+
+
+@dataclass(slots=True)
+class LabelSet:
+    """Labels from a labels file, keyed by trace id and by trace file."""
+
+    by_trace: dict[str, Label] = field(default_factory=dict)
+    """Labels given with a ``trace_id``."""
+    by_file: dict[str, Label] = field(default_factory=dict)
+    """Labels given with a ``file`` (resolved real path)."""
+    ignored: int = 0
+    """Labels with a value that is neither an incident nor a healthy label (e.g. ``other``)."""
+    problems: list[Problem] = field(default_factory=list)
+    """Lines that could not be read."""
+
+
+def _label_value(obj: Mapping[str, Any], incident: frozenset[str], healthy: frozenset[str]) -> bool | str | None:
+    """True/False for incident/healthy, None to ignore, or a string describing the problem."""
+    if "incident" in obj:
+        value = obj["incident"]
+        if not isinstance(value, bool):
+            return "'incident' must be true or false"
+        return value
+    if "label" in obj:
+        value = obj["label"]
+        if not isinstance(value, str):
+            return "'label' must be a string"
+        if value in incident:
+            return True
+        if value in healthy:
+            return False
+        return None
+    return "needs 'incident' (true/false) or 'label'"
+
+
+def load_labels(
+    path: str | os.PathLike[str],
+    *,
+    incident_labels: Iterable[str] = DEFAULT_INCIDENT_LABELS,
+    healthy_labels: Iterable[str] = DEFAULT_HEALTHY_LABELS,
+) -> LabelSet:
+    """Read a labels file (JSON Lines).
+
+    Each line is either ``{"trace_id": "<32 hex>", "incident": true|false, "incident_from": n}``
+    or ``{"file": "<path relative to the labels file>", "label": "runaway"|"healthy"|…}``
+    (``trace_id`` with ``label``, and ``file`` with ``incident``, work too). Label values
+    outside ``incident_labels`` and ``healthy_labels`` are ignored (counted in
+    :attr:`LabelSet.ignored`).
+
+    Raises:
+        ConfigError: the labels file cannot be read.
+    """
+    text_path = os.fspath(path)
+    try:
+        with open(text_path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise ConfigError("--labels", text_path, "a readable JSON Lines file",
+                          message=f"cannot read the labels file {text_path} ({exc.strerror or exc})") from None
+    base = os.path.dirname(os.path.abspath(text_path))
+    incident, healthy = frozenset(incident_labels), frozenset(healthy_labels)
+    out = LabelSet()
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            obj = msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
+            out.problems.append(Problem(text_path, f"invalid JSON: {exc}", number))
+            continue
+        if not isinstance(obj, dict):
+            out.problems.append(Problem(text_path, "a label must be a JSON object", number))
+            continue
+        value = _label_value(obj, incident, healthy)
+        if isinstance(value, str):
+            out.problems.append(Problem(text_path, value, number))
+            continue
+        if value is None:
+            out.ignored += 1
+            continue
+        start = obj.get("incident_from", 1)
+        if start is None:
+            start = 1
+        if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+            out.problems.append(Problem(text_path, "'incident_from' must be a call index >= 1", number))
+            continue
+        label = Label(incident=value, incident_from=start)
+        trace_id = obj.get("trace_id")
+        file = obj.get("file")
+        if isinstance(trace_id, str) and trace_id:
+            out.by_trace[trace_id.lower()] = label
+        elif isinstance(file, str) and file:
+            out.by_file[os.path.realpath(os.path.join(base, file))] = label
+        else:
+            out.problems.append(Problem(text_path, "needs a 'trace_id' or a 'file'", number))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Labelled:
+    """A parsed trace with its label."""
+
+    trace: TraceCalls
+    label: Label
+
+
+def assign_labels(traces: Sequence[TraceCalls], labels: LabelSet) -> tuple[list[Labelled], int]:
+    """Pair traces with their labels; returns the pairs and the number of labels that matched no trace.
+
+    A ``file`` label applies to every trace with a span in that file. A trace id label wins
+    over a file label.
+    """
+    used_traces: set[str] = set()
+    used_files: set[str] = set()
+    pairs: list[Labelled] = []
+    real_cache: dict[str, str] = {}
+    for trace in traces:
+        label = labels.by_trace.get(trace.trace_id)
+        if label is not None:
+            used_traces.add(trace.trace_id)
+        elif labels.by_file:
+            for source in trace.sources:
+                real = real_cache.get(source)
+                if real is None:
+                    real = real_cache[source] = os.path.realpath(source)
+                label = labels.by_file.get(real)
+                if label is not None:
+                    used_files.add(real)
+                    break
+        if label is not None:
+            pairs.append(Labelled(trace, label))
+    unmatched = len(labels.by_trace) - len(used_traces) + len(labels.by_file) - len(used_files)
+    return pairs, unmatched
+
+
+# -- the grid -------------------------------------------------------------------------------------
+
+
+def default_grid_axes(base: LoopPolicy) -> dict[str, tuple[Any, ...]]:
+    """The default grid around ``base``: its own values are always included.
+
+    Windows 6, 10, 15, 20, 30; thresholds 3..6; both key modes; max period off, 3 and 6.
+    """
+    windows = sorted({6, 10, 15, 20, 30, base.window})
+    thresholds = sorted({3, 4, 5, 6, base.threshold})
+    keys = (KeyMode.TOOL_ARGS, KeyMode.TOOL)
+    periods: list[int | None] = [None, *sorted({3, 6} | ({base.max_period} if base.max_period else set()))]
+    return {"window": tuple(windows), "threshold": tuple(thresholds), "key": keys, "max_period": tuple(periods)}
+
+
+def policy_grid(
+    base: LoopPolicy,
+    *,
+    windows: Sequence[int],
+    thresholds: Sequence[int],
+    keys: Sequence[KeyMode],
+    max_periods: Sequence[int | None],
+) -> list[LoopPolicy]:
+    """Every valid combination, in a fixed order (key, max period, window, threshold).
+
+    Combinations where the threshold exceeds the window are left out (the rule could never
+    trip); other fields come from ``base``.
+    """
+    out: list[LoopPolicy] = []
+    for key, mp, window, threshold in itertools.product(keys, max_periods, windows, thresholds):
+        if threshold > window:
+            continue
+        out.append(base.evolve(key=key, max_period=mp, window=window, threshold=threshold))
+    return out
+
+
+# -- scoring --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyScore:
+    """How one policy did on the labelled traces."""
+
+    policy: LoopPolicy
+    incidents: int
+    caught: int
+    healthy: int
+    false_alarms: int
+    median_delay: float | None
+    """Median calls from the incident's start to the first flag, over caught incidents."""
+    median_flag_position: float | None
+    """Median first-flag call index / trace length, over caught incidents."""
+    saved_share: float
+    """Share of the incidents' tool calls after the first flag."""
+    cut_share: float
+    """Share of the healthy traces' tool calls after a (false) first flag."""
+    pareto: bool = False
+    recommended: bool = False
+
+    @property
+    def catch_rate(self) -> float:
+        """Caught incidents / incidents (0 without incidents)."""
+        return self.caught / self.incidents if self.incidents else 0.0
+
+    @property
+    def false_alarm_rate(self) -> float:
+        """Flagged healthy traces / healthy traces (0 without healthy traces)."""
+        return self.false_alarms / self.healthy if self.healthy else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """One ``calibrate --json`` line."""
+        p = self.policy
+        return {
+            "policy_version": p.version,
+            "window": p.window,
+            "threshold": p.threshold,
+            "key": p.key.value,
+            "max_period": p.max_period,
+            "min_repeats": p.min_repeats,
+            "incidents": self.incidents,
+            "caught": self.caught,
+            "catch_rate": round(self.catch_rate, 6),
+            "healthy": self.healthy,
+            "false_alarms": self.false_alarms,
+            "false_alarm_rate": round(self.false_alarm_rate, 6),
+            "median_delay": self.median_delay,
+            "median_flag_position": None if self.median_flag_position is None else round(self.median_flag_position, 6),
+            "saved_share": round(self.saved_share, 6),
+            "cut_share": round(self.cut_share, 6),
+            "pareto": self.pareto,
+            "recommended": self.recommended,
+        }
+
+
+def score_policy(policy: LoopPolicy, labelled: Sequence[Labelled]) -> PolicyScore:
+    """Replay ``policy`` over every labelled trace and score it."""
+    return PolicyScore(policy=policy, **_measure(policy, labelled))
+
+
+def _measure(policy: LoopPolicy, labelled: Sequence[Labelled]) -> dict[str, Any]:
+    """The numbers of a :class:`PolicyScore` (plain values: they cross process boundaries)."""
+    incidents = caught = healthy = alarms = 0
+    inc_calls = inc_saved = ok_calls = ok_cut = 0
+    delays: list[int] = []
+    positions: list[float] = []
+    for item in labelled:
+        result = replay_trace(item.trace, policy)
+        trip = result.first_trip
+        if item.label.incident:
+            incidents += 1
+            inc_calls += result.tool_calls
+            if trip is not None:
+                caught += 1
+                inc_saved += result.calls_after_trip
+                delays.append(trip.call_index - item.label.incident_from)
+                positions.append(trip.call_index / result.tool_calls)
+        else:
+            healthy += 1
+            ok_calls += result.tool_calls
+            if trip is not None:
+                alarms += 1
+                ok_cut += result.calls_after_trip
+    return {
+        "incidents": incidents,
+        "caught": caught,
+        "healthy": healthy,
+        "false_alarms": alarms,
+        "median_delay": float(statistics.median(delays)) if delays else None,
+        "median_flag_position": float(statistics.median(positions)) if positions else None,
+        "saved_share": inc_saved / inc_calls if inc_calls else 0.0,
+        "cut_share": ok_cut / ok_calls if ok_calls else 0.0,
+    }
+
+
+def _delay_key(score: PolicyScore) -> float:
+    return score.median_delay if score.median_delay is not None else float("inf")
+
+
+def pareto_front(scores: Sequence[PolicyScore]) -> set[int]:
+    """Indices of the policies no other policy dominates.
+
+    Objectives: catch rate (higher is better), false-alarm rate (lower), median delay
+    (lower; none counts as worst). Equal points are all on the front.
+    """
+    front: set[int] = set()
+    points = [(s.catch_rate, s.false_alarm_rate, _delay_key(s)) for s in scores]
+    for i, (c, f, d) in enumerate(points):
+        dominated = False
+        for j, (c2, f2, d2) in enumerate(points):
+            if j != i and c2 >= c and f2 <= f and d2 <= d and (c2 > c or f2 < f or d2 < d):
+                dominated = True
+                break
+        if not dominated:
+            front.add(i)
+    return front
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The scores of a grid, in grid order, with the front and the recommendation marked."""
+
+    scores: tuple[PolicyScore, ...]
+    max_false_alarms: float
+    """The cap the recommendation respects (a share of healthy traces)."""
+    recommended: int | None
+    """Index of the recommended policy; ``None`` when none is under the cap."""
+
+
+_WORK: tuple[list[Labelled], list[LoopPolicy]] = ([], [])
+"""The labelled traces and the grid, inherited by forked workers (never pickled: only grid
+indices go to the workers and plain numbers come back)."""
+
+
+def _measure_at(index: int) -> dict[str, Any]:
+    labelled, policies = _WORK
+    return _measure(policies[index], labelled)
+
+
+def calibrate(
+    labelled: Sequence[Labelled],
+    policies: Sequence[LoopPolicy],
+    *,
+    max_false_alarms: float = 0.02,
+    workers: int = 1,
+    on_policy: Callable[[int], None] | None = None,
+) -> Calibration:
+    """Score every policy, mark the Pareto front and recommend one.
+
+    Args:
+        labelled: the labelled traces (parse once, replay many).
+        policies: the grid, e.g. from :func:`policy_grid`.
+        max_false_alarms: the highest acceptable false-alarm rate for the recommendation.
+        workers: processes to use; above 1 only where ``fork`` exists (Linux), else serial.
+            Results are the same either way, in grid order.
+        on_policy: called with the number of policies done so far (progress).
+
+    Returns:
+        The scores in grid order. The recommendation is the highest catch rate under the cap;
+        ties go to the shorter median delay, then the larger saved share, then the fewer false
+        alarms, then the earlier grid position.
+    """
+    if not 0 <= max_false_alarms <= 1:
+        raise ConfigError("max_false_alarms", max_false_alarms, "a share between 0 and 1")
+    scores: list[PolicyScore] = []
+    use_pool = workers > 1 and len(policies) > 1 and sys.platform.startswith("linux")
+    if use_pool:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        global _WORK
+        _WORK = (list(labelled), list(policies))
+        try:
+            ctx = multiprocessing.get_context("fork")
+            chunk = max(1, len(policies) // (workers * 8))
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                for i, numbers in enumerate(pool.map(_measure_at, range(len(policies)), chunksize=chunk)):
+                    scores.append(PolicyScore(policy=policies[i], **numbers))
+                    if on_policy is not None:
+                        on_policy(len(scores))
+        finally:
+            _WORK = ([], [])
+    else:
+        for policy in policies:
+            scores.append(score_policy(policy, labelled))
+            if on_policy is not None:
+                on_policy(len(scores))
+
+    front = pareto_front(scores)
+    eligible = [i for i, s in enumerate(scores) if s.false_alarm_rate <= max_false_alarms + 1e-12]
+    best: int | None = None
+    if eligible:
+        best = min(
+            eligible,
+            key=lambda i: (
+                -scores[i].catch_rate,
+                _delay_key(scores[i]),
+                -scores[i].saved_share,
+                scores[i].false_alarm_rate,
+                i,
+            ),
+        )
+    marked = tuple(
+        replace(s, pareto=i in front, recommended=i == best) for i, s in enumerate(scores)
+    )
+    return Calibration(scores=marked, max_false_alarms=max_false_alarms, recommended=best)

@@ -1,0 +1,377 @@
+"""Replay: run a loop policy over recorded traces, one result per trace, no model calls.
+
+Two steps, so that many policies can be replayed over one parse (``tripwire calibrate``):
+
+1. :func:`load_traces` reads OTLP files (or takes :class:`~tripwire.otel.conventions.SpanView`
+   objects), maps every span with the shared mapping
+   (:func:`tripwire.otel.conventions.map_span`, the same one the span processor uses), groups
+   the tool calls by trace across files and ``resourceSpans``, drops duplicate reports of one
+   span or one call, orders them by start time and computes each call's signature once.
+   The result, a list of :class:`TraceCalls`, does not depend on the policy.
+2. :func:`replay_trace` feeds one trace's calls through
+   :func:`tripwire.core.watch.evaluate` under a policy and reports where the verdict first
+   became ``stuck`` and what it was at the end.
+
+:func:`replay_traces` does both. Everything here is deterministic: files are read in sorted
+order, ties in start time keep input order, and nothing reads a clock.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from tripwire.core.events import ToolCall
+from tripwire.core.policy import LoopPolicy
+from tripwire.core.reasons import Rule, Verdict
+from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, Signature
+from tripwire.core.watch import RunState, evaluate
+from tripwire.otel.conventions import MAPPING_VERSION, MappingStats, RunBoundary, SpanView, map_span
+from tripwire.replay.reader import FileBatch, Problem, read_batches
+
+__all__ = [
+    "FirstTrip",
+    "Loaded",
+    "TraceCalls",
+    "TraceResult",
+    "load_traces",
+    "replay_trace",
+    "replay_traces",
+]
+
+_VIEWS_SOURCE: Final = "<spans>"
+_NO_CALLS_REASON: Final = "the trace has no tool calls"
+
+
+@dataclass(frozen=True, slots=True)
+class FirstTrip:
+    """The call at which a trace's verdict first became ``stuck``."""
+
+    call_index: int
+    """1-based index among the trace's tool calls (in start-time order)."""
+    tool: str
+    """The tool of that call."""
+    rule: Rule
+    """The rule that tripped."""
+    period: int | None
+    """Cycle length (1 for a repetition)."""
+    hits: int
+    """How many times the repeated unit occurred."""
+    digest: str | None
+    """The call's signature digest (show a prefix; never the arguments)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the ``first_trip`` object of ``replay --json``)."""
+        return {
+            "call_index": self.call_index,
+            "tool": self.tool,
+            "rule": self.rule.value,
+            "period": self.period,
+            "hits": self.hits,
+            "digest": self.digest,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceResult:
+    """What a policy made of one recorded trace."""
+
+    trace_id: str
+    """32 lowercase hex characters."""
+    agent: str | None
+    """The agent name from the trace's outermost run span, if there is one."""
+    tool_calls: int
+    """Tool calls in the trace (after dropping duplicate reports of one call)."""
+    verdict: Verdict
+    """The verdict in force after the last call (``working`` for a trace without calls)."""
+    first_trip: FirstTrip | None
+    """Where the verdict first became ``stuck``; ``None`` if it never did."""
+    calls_after_trip: int
+    """Tool calls after the first trip (what stopping there would have saved); 0 without one."""
+    arguments_seen: bool
+    """False when no tool call of the trace recorded arguments (signatures are name-only)."""
+    reason: str
+    """Why the final verdict (one sentence, no arguments)."""
+    policy_version: str
+    normalizer_version: str
+    mapping_version: str = MAPPING_VERSION
+    sources: tuple[str, ...] = ()
+    """The files the trace's spans came from (not part of the JSON output)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``replay --json`` object for this trace."""
+        return {
+            "trace_id": self.trace_id,
+            "agent": self.agent,
+            "tool_calls": self.tool_calls,
+            "verdict": self.verdict.value,
+            "first_trip": self.first_trip.to_json() if self.first_trip is not None else None,
+            "calls_after_trip": self.calls_after_trip,
+            "arguments_seen": self.arguments_seen,
+            "reason": self.reason,
+            "policy_version": self.policy_version,
+            "normalizer_version": self.normalizer_version,
+            "mapping_version": self.mapping_version,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TraceCalls:
+    """One trace's tool calls, ordered and signed: everything a replay needs, policy-free."""
+
+    trace_id: str
+    agent: str | None
+    calls: tuple[ToolCall, ...]
+    """The tool calls in start-time order."""
+    signatures: tuple[Signature, ...]
+    """``signatures[i]`` is the signature of ``calls[i]`` under :attr:`normalizer`."""
+    normalizer: Normalizer
+    """The normalizer the signatures and result digests were made with."""
+    sources: tuple[str, ...] = ()
+    """The files the spans came from, in reading order."""
+
+    @property
+    def arguments_seen(self) -> bool:
+        """True when at least one call recorded arguments."""
+        return any(not s.name_only for s in self.signatures)
+
+
+@dataclass(slots=True)
+class Loaded:
+    """The result of :func:`load_traces`."""
+
+    traces: list[TraceCalls] = field(default_factory=list)
+    """One entry per trace, in order of first appearance in the input."""
+    problems: list[Problem] = field(default_factory=list)
+    """What could not be read (the rest was)."""
+    stats: MappingStats = field(default_factory=MappingStats)
+    """How the spans mapped (tool, model, run, other, malformed)."""
+    files: int = 0
+    """Inputs read."""
+    spans: int = 0
+    """Spans read."""
+    duplicates: int = 0
+    """Span reports dropped as duplicates (same span id, or same tool call id, twice)."""
+
+
+class _Builder:
+    """Accumulates one trace's events while the input is read."""
+
+    __slots__ = ("boundaries", "by_call_id", "calls", "sources", "span_ids")
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, int, ToolCall]] = []
+        self.by_call_id: dict[str, int] = {}
+        self.boundaries: list[tuple[float, int, RunBoundary]] = []
+        self.span_ids: set[str] = set()
+        self.sources: list[str] = []
+
+
+def _start_key(start: float | None) -> float:
+    return start if start is not None else float("inf")
+
+
+class _Collector:
+    def __init__(self, normalizer: Normalizer) -> None:
+        self.normalizer = normalizer
+        self.builders: dict[str, _Builder] = {}
+        self.loaded = Loaded()
+        self.seq = 0
+
+    def add(self, view: SpanView, source: str) -> None:
+        loaded = self.loaded
+        loaded.spans += 1
+        builder = self.builders.get(view.trace_id)
+        if builder is None:
+            builder = self.builders[view.trace_id] = _Builder()
+        if (not builder.sources or builder.sources[-1] != source) and source not in builder.sources:
+            builder.sources.append(source)
+        if view.span_id:
+            if view.span_id in builder.span_ids:
+                loaded.duplicates += 1  # the same span exported twice (a retried export)
+                return
+            builder.span_ids.add(view.span_id)
+        event = map_span(view, self.normalizer, loaded.stats)
+        self.seq += 1
+        if isinstance(event, ToolCall):
+            entry = (_start_key(event.start_s), self.seq, event)
+            call_id = event.call_id
+            if call_id is not None:
+                at = builder.by_call_id.get(call_id)
+                if at is not None:
+                    # Partial/streamed reports of one call count once: keep the earliest start,
+                    # and the report that ended last (it is the most complete).
+                    loaded.duplicates += 1
+                    old_key, old_seq, old = builder.calls[at]
+                    if (event.end_s or 0.0) >= (old.end_s or 0.0):
+                        builder.calls[at] = (min(old_key, entry[0]), old_seq, event)
+                    return
+                builder.by_call_id[call_id] = len(builder.calls)
+            builder.calls.append(entry)
+        elif isinstance(event, RunBoundary):
+            builder.boundaries.append((_start_key(event.start_s), self.seq, event))
+
+    def add_batch(self, batch: FileBatch) -> None:
+        self.loaded.files += 1
+        self.loaded.problems.extend(batch.problems)
+        for view in batch.spans:
+            self.add(view, batch.source)
+
+    def finish(self) -> Loaded:
+        normalizer = self.normalizer
+        signature = normalizer.signature
+        for trace_id, b in self.builders.items():
+            b.calls.sort(key=lambda e: (e[0], e[1]))
+            calls = tuple(e[2] for e in b.calls)
+            self.loaded.traces.append(
+                TraceCalls(
+                    trace_id=trace_id,
+                    agent=_agent(b.boundaries),
+                    calls=calls,
+                    signatures=tuple(signature(c.tool, c.arguments) for c in calls),
+                    normalizer=normalizer,
+                    sources=tuple(b.sources),
+                )
+            )
+        self.builders = {}
+        return self.loaded
+
+
+def _agent(boundaries: list[tuple[float, int, RunBoundary]]) -> str | None:
+    """The agent name of the outermost run boundary (a root, or one whose parent is no run)."""
+    if not boundaries:
+        return None
+    ids = {b.span_id for _, _, b in boundaries}
+    ordered = sorted(boundaries, key=lambda e: (e[0], e[1]))
+    outer = [b for _, _, b in ordered if b.parent_span_id is None or b.parent_span_id not in ids]
+    for b in outer + [b for _, _, b in ordered]:
+        if b.agent:
+            return b.agent
+    return None
+
+
+Source = Iterable["str | os.PathLike[str] | SpanView"]
+"""Paths (files, directories, ``-``) and/or spans."""
+
+
+def load_traces(
+    source: str | os.PathLike[str] | Source,
+    normalizer: Normalizer = DEFAULT_NORMALIZER,
+    *,
+    on_file: Callable[[str, int], None] | None = None,
+) -> Loaded:
+    """Read and map every span, and group the tool calls by trace.
+
+    Args:
+        source: a path, or an iterable of paths (files, directories walked recursively, ``-``
+            for standard input) and/or :class:`~tripwire.otel.conventions.SpanView` objects.
+        normalizer: signs the calls and digests their results; every later replay of these
+            traces uses it.
+        on_file: called with ``(path, size)`` before each file is read (progress).
+
+    Returns:
+        The traces in order of first appearance, the problems met, and mapping counters.
+    """
+    collector = _Collector(normalizer)
+    items: Iterable[Any] = [source] if isinstance(source, (str, os.PathLike)) else source
+    pending: list[str | os.PathLike[str]] = []
+    for item in items:
+        if isinstance(item, SpanView):
+            if pending:
+                for batch in read_batches(pending, on_file=on_file):
+                    collector.add_batch(batch)
+                pending = []
+            collector.add(item, _VIEWS_SOURCE)
+        else:
+            pending.append(item)
+    for batch in read_batches(pending, on_file=on_file):
+        collector.add_batch(batch)
+    return collector.finish()
+
+
+def replay_trace(trace: TraceCalls, policy: LoopPolicy) -> TraceResult:
+    """Run ``policy`` over one trace's calls, from a fresh state.
+
+    ``first_trip`` is the first call at which the verdict became ``stuck``; ``verdict`` is the
+    verdict in force after the last call (a stuck verdict holds until a whole window passes
+    without a rule tripping, so a trace that kept looping ends ``stuck``).
+    """
+    normalizer = trace.normalizer
+    calls = trace.calls
+    n = len(calls)
+    if n == 0:
+        return TraceResult(
+            trace_id=trace.trace_id,
+            agent=trace.agent,
+            tool_calls=0,
+            verdict=Verdict.WORKING,
+            first_trip=None,
+            calls_after_trip=0,
+            arguments_seen=False,
+            reason=_NO_CALLS_REASON,
+            policy_version=policy.version,
+            normalizer_version=normalizer.version,
+            sources=trace.sources,
+        )
+    state = RunState.new(policy)
+    first: FirstTrip | None = None
+    stuck = Verdict.STUCK
+    for call, sig in zip(calls, trace.signatures, strict=True):
+        changed = evaluate(state, call, policy, normalizer, signature=sig)
+        if first is None and changed is not None and changed.verdict is stuck and changed.rule is not None:
+            first = FirstTrip(
+                call_index=changed.call_index,
+                tool=changed.tool or call.tool,
+                rule=changed.rule,
+                period=changed.period,
+                hits=changed.hits,
+                digest=changed.digest,
+            )
+    current = state.current
+    return TraceResult(
+        trace_id=trace.trace_id,
+        agent=trace.agent,
+        tool_calls=n,
+        verdict=current.verdict if current is not None else Verdict.WORKING,
+        first_trip=first,
+        calls_after_trip=n - first.call_index if first is not None else 0,
+        arguments_seen=trace.arguments_seen,
+        reason=current.reason if current is not None else _NO_CALLS_REASON,
+        policy_version=policy.version,
+        normalizer_version=normalizer.version,
+        sources=trace.sources,
+    )
+
+
+def replay_traces(
+    source: str | os.PathLike[str] | Source,
+    policy: LoopPolicy | None = None,
+    normalizer: Normalizer | None = None,
+    *,
+    skip_empty: bool = False,
+    problems: list[Problem] | None = None,
+) -> Iterator[TraceResult]:
+    """Replay ``policy`` over every trace in ``source``: one :class:`TraceResult` per trace.
+
+    Args:
+        source: a path, or an iterable of paths (files, directories, ``-``) and/or
+            :class:`~tripwire.otel.conventions.SpanView` objects.
+        policy: the loop policy (default: ``LoopPolicy()``).
+        normalizer: the signature normalizer (default: the default normalizer).
+        skip_empty: leave out traces without any tool call (by default they are reported
+            with ``tool_calls == 0`` and verdict ``working``).
+        problems: a list to collect input problems in (``None``: they are dropped).
+
+    All input is read before the first result (a trace's spans may be spread over several
+    files); results come in order of the traces' first appearance.
+    """
+    loaded = load_traces(source, normalizer or DEFAULT_NORMALIZER)
+    if problems is not None:
+        problems.extend(loaded.problems)
+    pol = policy if policy is not None else LoopPolicy()
+    for trace in loaded.traces:
+        if skip_empty and not trace.calls:
+            continue
+        yield replay_trace(trace, pol)
