@@ -3,12 +3,17 @@
 Adapters (span processors, framework callbacks, the guard, replay) build these; the core never
 sees spans, callbacks or raw payload storage. Arguments travel raw only as far as the
 normalizer; results arrive already digested.
+
+They are frozen ``msgspec.Struct`` values rather than frozen dataclasses: one is built for every
+tool call on the agent's path, and a Struct is built about fifteen times faster (0.07 µs vs
+1 µs) with the same immutability, equality, hashing and pickling.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from tripwire.core.signature import ABSENT
 from tripwire.errors import ConfigError
@@ -16,8 +21,7 @@ from tripwire.errors import ConfigError
 __all__ = ["Lease", "ModelCall", "ToolCall"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Lease:
+class Lease(msgspec.Struct, frozen=True, kw_only=True):
     """A dependency lease: someone (``owner``) is expected to act before ``deadline_s``.
 
     While a valid lease exists, repeating a call (polling for the owner's answer) is
@@ -41,8 +45,7 @@ class Lease:
         return bool(self.owner) and now_s < self.deadline_s and self.renewals <= max_renewals
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ToolCall:
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
     """One tool call as the core sees it.
 
     Everything but ``tool`` is optional: the detector uses what it gets and says in the verdict
@@ -78,8 +81,7 @@ class ToolCall:
         return self.error_type is not None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModelCall:
+class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
     """One model (LLM) call's usage, counted once per call."""
 
     model: str | None = None

@@ -18,11 +18,11 @@ from tripwire.errors import ConfigError
 
 __all__ = [
     "DEFAULT_POLICY",
+    "SEED_POLICY",
     "KeyMode",
     "LoopPolicy",
     "ResultEvidence",
     "RetryPolicy",
-    "SEED_POLICY",
 ]
 
 POLICY_SCHEME: Final = "p1"
@@ -110,6 +110,13 @@ class LoopPolicy:
     """When a run counts as looping, and what explains a repetition (leases, retries, evidence).
 
     ``None`` turns an optional rule off. Make variants with :meth:`evolve`.
+
+    The defaults are calibrated on 768 real recorded agent runs (issue 7; README, "How well it
+    works"): results count as evidence for every tool (``result_evidence="all"``), cycles up to
+    8 calls (``max_period=8``), ``same_error=5`` and ``revisit=6`` are on. They deliberately
+    differ from the first design's ``max_period=3`` with polling-only result evidence; the plain
+    repetition rule is the ``seed`` preset (:data:`SEED_POLICY`), and :class:`LoopDetector`
+    keeps ``max_period=3`` with no evidence.
     """
 
     name: str = "default"

@@ -23,6 +23,7 @@ digest; record it with every verdict.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -45,7 +46,7 @@ __all__ = [
     "signature_of",
 ]
 
-NORMALIZER_SCHEME: Final = "n1r1"
+NORMALIZER_SCHEME: Final = "n1r2"
 """Bump when the canonical form of arguments (n…) or results (r…) changes in a way the fields
 of :class:`Normalizer` don't show."""
 
@@ -120,9 +121,11 @@ def _float_hook(text: str) -> float | int | str:
 _DECODER: Final = msgspec.json.Decoder(float_hook=_float_hook)
 
 
-@dataclass(frozen=True, slots=True)
-class Signature:
-    """The identity of one tool call. Equal signatures mean "the same action"."""
+class Signature(msgspec.Struct, frozen=True):
+    """The identity of one tool call. Equal signatures mean "the same action".
+
+    A frozen ``msgspec.Struct`` (built on every call; far cheaper than a frozen dataclass).
+    """
 
     tool: str
     """The tool's name, as given."""
@@ -142,19 +145,26 @@ class Signature:
         return self.kind is ArgsKind.ABSENT
 
 
-_RESULT_NUMBERS: Final = re.compile(rb"0x[0-9a-fA-F]+|[0-9]+")
+_DIGITS: Final = b"0123456789"
 
 _TOOL_KEYS: dict[str, int] = {}
 _TOOL_KEYS_MAX: Final = 4096
 
 
+_PREFIXES: dict[tuple[str, ArgsKind], bytes] = {}
+_RESULT_PREFIX: Final = b"\x00result\x00"
+
+
 def _hash(tool: str, kind: ArgsKind, payload: bytes) -> int:
-    h = hashlib.sha256(tool.encode("utf-8", "surrogatepass"))
-    h.update(b"\x00")
-    h.update(kind.value.encode())
-    h.update(b"\x00")
-    h.update(payload)
-    return int.from_bytes(h.digest()[:16], "big")
+    """128 bits of SHA-256 over ``tool NUL kind NUL payload``."""
+    prefix = _PREFIXES.get((tool, kind))
+    if prefix is None:
+        if len(_PREFIXES) >= _TOOL_KEYS_MAX:
+            _PREFIXES.clear()  # a pure cache: bounded, and correct when emptied
+        prefix = _PREFIXES[(tool, kind)] = (
+            tool.encode("utf-8", "surrogatepass") + b"\x00" + kind.value.encode() + b"\x00"
+        )
+    return int.from_bytes(hashlib.sha256(prefix + payload).digest()[:16], "big")
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +181,8 @@ class Normalizer:
     version: str = field(init=False, compare=False)
     """Names the scheme, the volatile keys and the cap: record it with every verdict."""
     _needles: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    _needle_re: re.Pattern[str] = field(init=False, compare=False, repr=False)
+    _needle_re_b: re.Pattern[bytes] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.volatile_keys, frozenset):
@@ -183,8 +195,20 @@ class Normalizer:
         version = f"{NORMALIZER_SCHEME}+vk.{keys_digest}+cap.{self.max_bytes}"
         object.__setattr__(self, "version", version)
         # A volatile key can only be present if its quoted form occurs in the JSON text: a cheap
-        # substring test lets the common case skip the Python-level walk entirely.
-        object.__setattr__(self, "_needles", tuple(f'"{k}"' for k in sorted(self.volatile_keys)))
+        # substring test lets the common case skip the Python-level walk entirely. JSON may also
+        # spell a key with escapes ("\u006eonce" is "nonce"), so an escape that could hide one
+        # forces the walk too.
+        needles = [f'"{k}"' for k in sorted(self.volatile_keys)]
+        needles.append("\\u")
+        if any("/" in k for k in self.volatile_keys):
+            needles.append("\\/")
+        if any(c in '"\\' or c < " " for k in self.volatile_keys for c in k):
+            needles.append("\\")
+        object.__setattr__(self, "_needles", tuple(needles))
+        # One C-level scan instead of one substring search per needle.
+        pattern = "|".join(re.escape(n) for n in needles)
+        object.__setattr__(self, "_needle_re", re.compile(pattern))
+        object.__setattr__(self, "_needle_re_b", re.compile(pattern.encode("utf-8", "surrogatepass")))
 
     def with_volatile_keys(
         self, add: Iterable[str] = (), remove: Iterable[str] = ()
@@ -237,15 +261,23 @@ class Normalizer:
     def result_digest(self, value: Any) -> str:
         """The digest of a tool *result*, as progress evidence.
 
-        Normalized like arguments, and then every run of digits (and ``0x…`` hex) is masked:
-        counters, timestamps, durations, line numbers of a shell and the new order id in every
-        result of a side-effecting tool change on every call without being new evidence. A
-        result that differs only in numbers is the same result.
+        Digits are removed before hashing: counters, timestamps, durations, a shell's line
+        numbers and the new order id in every result of a side-effecting tool change on every
+        call without being new evidence, so a result that differs only in numbers is the same
+        result. Mappings are canonicalized like arguments; text is canonicalized only when it
+        is JSON carrying a volatile key (results of one tool come from one piece of code, so
+        their key order is stable, and parsing every result would cost more than the rest of
+        the call's bookkeeping).
         """
-        kind, payload = self.canonical(value)
-        if kind is not ArgsKind.ABSENT:
-            payload = _RESULT_NUMBERS.sub(b"#", payload)
-        return f"{_hash('', kind, payload):032x}"
+        if value is ABSENT or value is None:
+            payload = b""
+        elif isinstance(value, (str, bytes, bytearray, memoryview)):
+            raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else bytes(value)
+            volatile = self._needle_re_b.search(raw) is not None
+            payload = self._canonical_text(raw)[1] if volatile else raw
+        else:
+            payload = self._canonical_object(value)[1]
+        return hashlib.sha256(_RESULT_PREFIX + payload.translate(None, _DIGITS)).hexdigest()[:32]
 
     def _canonical_text(self, text: str | bytes | bytearray | memoryview) -> tuple[ArgsKind, bytes]:
         raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
@@ -259,11 +291,7 @@ class Normalizer:
             obj = _DECODER.decode(raw)
         except (msgspec.DecodeError, RecursionError, ValueError):
             return ArgsKind.TEXT, raw
-        if isinstance(text, str):
-            needs_walk = any(n in text for n in self._needles)
-        else:
-            needs_walk = any(n.encode() in raw for n in self._needles)
-        if needs_walk:
+        if self._needle_re_b.search(raw) is not None:
             obj = self._normalize(obj)
         try:
             return ArgsKind.JSON, _ENCODER.encode(obj)
@@ -275,8 +303,10 @@ class Normalizer:
         obj = self._normalize(value)
         try:
             payload = _ENCODER.encode(obj)
-        except (TypeError, msgspec.EncodeError, RecursionError, OverflowError):
-            payload = repr(obj).encode("utf-8", "surrogatepass")
+        except (TypeError, msgspec.EncodeError, RecursionError, OverflowError, UnicodeEncodeError):
+            # Lone surrogates in a string (json.loads lets them through) are not UTF-8: use the
+            # stdlib encoder, which escapes them and still sorts keys.
+            payload = json.dumps(obj, sort_keys=True, ensure_ascii=True, default=repr).encode()
         # Already canonical (the walk is done), so the cap does not apply: a mapping above it
         # keeps kind JSON, while the same arguments as a JSON string above the cap are RAW.
         return ArgsKind.JSON, payload
@@ -340,7 +370,7 @@ def _object_token(value: Any) -> str:
     # str() of a hostile object may raise; the signature must not.
     try:
         text = str(value)
-    except Exception:  # noqa: BLE001 - hostile __str__; the signature must still be defined
+    except Exception:
         text = "<unprintable>"
     return f"\x00{type(value).__qualname__}:{text}"
 

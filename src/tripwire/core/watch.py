@@ -31,8 +31,9 @@ any rule tripping: a single different call inside a loop is not a recovery.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 from tripwire.core.events import Lease, ToolCall
 from tripwire.core.policy import KeyMode, LoopPolicy
@@ -41,6 +42,9 @@ from tripwire.core.signature import Normalizer, Signature
 
 __all__ = ["Assessment", "RunState", "evaluate"]
 
+_NO_RUNS: Final[dict[int, int]] = {}
+"""The shared empty period-run table (never mutated: a non-empty table is always a new dict)."""
+
 _ARGS_SWITCH: Final = (
     "arguments were not recorded, so these calls may differ; switch argument capture on "
     "(e.g. OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY, TRACELOOP_TRACE_CONTENT=true, "
@@ -48,8 +52,7 @@ _ARGS_SWITCH: Final = (
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Assessment:
+class Assessment(msgspec.Struct, frozen=True, kw_only=True):
     """The verdict on a run after one call, with what decided it.
 
     Values are recorded at the call where the verdict began; they never hold raw arguments.
@@ -97,6 +100,7 @@ class RunState:
         "last_trip",
         "lease",
         "progress",
+        "recent",
         "results",
         "revisit_run",
         "runs",
@@ -110,8 +114,11 @@ class RunState:
         """Ring of the last ``window`` keys; slot ``(calls - 1) % window`` is the newest."""
         self.counts: dict[int, int] = {}
         """Occurrences of each key in the ring."""
-        self.runs: list[int] = [0] * (max_period + 1)
-        """runs[p]: trailing positions i with key[i] == key[i - p] (index 0 unused)."""
+        self.recent: list[int | None] = [None] * max_period
+        """The keys of the last ``max_period`` calls, newest first (``recent[p - 1]`` is p back)."""
+        self.runs: dict[int, int] = _NO_RUNS
+        """runs[p]: trailing positions i with key[i] == key[i - p]; only non-zero entries (a call
+        unlike its last ``max_period`` predecessors, the common case, leaves it empty)."""
         self.results: list[int | None] | None = None
         """Ring of result digests (allocated on the first result)."""
         self.progress: list[str | None] | None = None
@@ -197,25 +204,31 @@ def evaluate(
         )
 
     hits = _push(state, policy, key, slot, call)
-    _remember_failure(state, args_key, call, prior)
+    if prior is not None or call.error_type is not None or call.retryable is False:
+        _remember_failure(state, args_key, call, prior)
     if policy.revisit is not None:
-        _track_revisit(state, policy, args_key, call)
+        if call.result_digest is None:
+            state.revisit_run = 0
+        else:
+            _track_revisit(state, policy, args_key, call.result_digest)
 
     # --- the rules ----------------------------------------------------------------------
     rule: Rule | None = None
     period = 0
     if hits >= policy.threshold:
         rule, period = Rule.REPETITION, 1
-    elif policy.max_period is not None:
+    elif state.runs and policy.max_period is not None:
         runs = state.runs
-        # A cycle whose unit is one call repeated is period 1: the repetition rule's job.
-        if runs[1] < index - 1 or index < 2:
-            need = policy.min_repeats - 1
-            for p in range(2, policy.max_period + 1):
-                if runs[p] >= need * p and runs[1] < p - 1:
-                    rule, period = Rule.PERIOD, p
-                    hits = runs[p] // p + 1
-                    break
+        # A cycle whose unit is one call repeated (all of its last p - 1 steps equal to their
+        # predecessor) is period 1: the repetition rule's job.
+        same = runs.get(1, 0)
+        need = policy.min_repeats - 1
+        for p in sorted(runs):
+            run = runs[p]
+            if p >= 2 and run >= need * p and same < p - 1:
+                rule, period = Rule.PERIOD, p
+                hits = run // p + 1
+                break
     if rule is None and policy.same_error is not None and state.error_run >= policy.same_error:
         rule, period, hits = Rule.SAME_ERROR, 1, state.error_run
     if rule is None and policy.revisit is not None and state.revisit_run >= policy.revisit:
@@ -224,9 +237,12 @@ def evaluate(
     if rule is None:
         state.confirm_streak = 0
         current = state.current
-        if current is not None and current.verdict in (Verdict.STUCK, Verdict.UNCERTAIN):
-            if index - state.last_trip < window:
-                return None  # a loop verdict holds until a whole window passes without a trip
+        if (
+            current is not None
+            and current.verdict in (Verdict.STUCK, Verdict.UNCERTAIN)
+            and index - state.last_trip < window
+        ):
+            return None  # a loop verdict holds until a whole window passes without a trip
         if current is not None and current.verdict is Verdict.WORKING:
             return None
         return _set(state, _working(call, index, policy, normalizer))
@@ -279,14 +295,21 @@ def _push(state: RunState, policy: LoopPolicy, key: int, slot: int, call: ToolCa
     hits = counts.get(key, 0) + 1
     counts[key] = hits
 
+    # Period runs: only the periods p at which this key equals the key p calls back can
+    # continue a run; every other run breaks. ``key in recent`` is one C-level scan.
+    recent = state.recent
+    if key in recent:
+        previous_runs = state.runs
+        fresh: dict[int, int] = {}
+        for p, k in enumerate(recent, start=1):
+            if k == key:
+                fresh[p] = previous_runs.get(p, 0) + 1
+        state.runs = fresh
+    elif state.runs:
+        state.runs = _NO_RUNS
+    recent.insert(0, key)
+    recent.pop()
     window = len(keys)
-    runs = state.runs
-    index = state.calls
-    for p in range(1, len(runs)):
-        if index > p and p < window and keys[(slot - p) % window] == key:
-            runs[p] += 1
-        else:
-            runs[p] = 0
 
     if call.result_digest is not None or state.results is not None:
         results = state.results
@@ -308,15 +331,12 @@ def _push(state: RunState, policy: LoopPolicy, key: int, slot: int, call: ToolCa
     return hits
 
 
-def _track_revisit(state: RunState, policy: LoopPolicy, args_key: int, call: ToolCall) -> None:
+def _track_revisit(state: RunState, policy: LoopPolicy, args_key: int, result_digest: str) -> None:
     """Count consecutive calls whose (signature, result) pair was seen before in the run."""
-    if call.result_digest is None:
-        state.revisit_run = 0
-        return
     seen = state.seen
     if seen is None:
         seen = state.seen = {}
-    pair = hash((args_key, call.result_digest))
+    pair = args_key ^ hash(result_digest)
     if pair in seen:
         state.revisit_run += 1
         return
