@@ -347,7 +347,7 @@ def test_adk_semconv_schema() -> None:
         },
     )
     assert (call.tool, call.call_id) == ("search_docs", "adk-1")
-    assert call.result_digest == DEFAULT_NORMALIZER.result_digest({"result": "no results"})
+    assert call.result_digest == DEFAULT_NORMALIZER.result_digest('{"result": "no results"}')
 
 
 def test_adk_legacy_schema() -> None:
@@ -365,7 +365,7 @@ def test_adk_legacy_schema() -> None:
     )
     assert call.arguments == '{"query": "refund policy"}'
     assert call.call_id == "adk-2"
-    assert call.result_digest == DEFAULT_NORMALIZER.result_digest({"result": "no results"})
+    assert call.result_digest == DEFAULT_NORMALIZER.result_digest('{"result": "no results"}')
 
 
 def test_adk_legacy_capture_off_is_absent_not_empty() -> None:
