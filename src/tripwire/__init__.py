@@ -10,9 +10,20 @@ from __future__ import annotations
 from typing import Any
 
 from tripwire._version import __version__
+from tripwire.core.budget import Advisory, Level, Limits
 from tripwire.core.events import Lease, ModelCall, ToolCall
 from tripwire.core.policy import DEFAULT_POLICY, SEED_POLICY, KeyMode, LoopPolicy, RetryPolicy
 from tripwire.core.reasons import ArgsKind, Rule, StopReason, Verdict
+from tripwire.core.receipt import (
+    Approval,
+    EndKind,
+    Health,
+    HealthState,
+    OutcomeReceipt,
+    StopReceipt,
+    classify,
+)
+from tripwire.core.results import ToolResult
 from tripwire.core.signature import ABSENT, Normalizer, Signature, signature_of
 from tripwire.core.watch import Assessment
 from tripwire.detector import LoopDetector, LoopWatcher
@@ -24,34 +35,49 @@ from tripwire.errors import (
     RunStopped,
     TripwireError,
 )
+from tripwire.guard import Guard
+from tripwire.idempotency import idempotent
 
 __all__ = [
     "ABSENT",
     "DEFAULT_POLICY",
     "SEED_POLICY",
+    "Advisory",
+    "Approval",
     "ArgsKind",
     "Assessment",
     "BudgetExceeded",
     "ConfigError",
+    "EndKind",
+    "Guard",
+    "Health",
+    "HealthState",
     "InputError",
     "KeyMode",
     "Lease",
+    "Level",
+    "Limits",
     "LoopDetected",
     "LoopDetector",
     "LoopPolicy",
     "LoopWatcher",
     "ModelCall",
     "Normalizer",
+    "OutcomeReceipt",
     "RetryPolicy",
     "Rule",
     "RunStopped",
     "Signature",
     "StopReason",
+    "StopReceipt",
     "ToolCall",
+    "ToolResult",
     "TripwireError",
     "Verdict",
     "__version__",
     "check",
+    "classify",
+    "idempotent",
     "instrument",
     "signature_of",
 ]
@@ -60,6 +86,7 @@ _LAZY = {
     "check": ("tripwire.otel", "check"),
     "instrument": ("tripwire.otel", "instrument"),
 }
+"""Names that need the ``otel`` extra: imported on first use."""
 
 
 def __getattr__(name: str) -> Any:
