@@ -16,15 +16,12 @@ The pieces: :mod:`~tripwire.otel.conventions` (span → event mapping),
 
 from __future__ import annotations
 
-try:
-    import opentelemetry.sdk.trace
-    import opentelemetry.trace  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError(
-        "tripwire.otel needs the OpenTelemetry API and SDK, which are not installed: "
-        "pip install 'tripwire[otel]'"
-    ) from exc
+import importlib
+from typing import Any
 
+# The span mapping is pure (no OpenTelemetry import): ``tripwire replay`` uses it on the core
+# install. Everything that needs the OpenTelemetry SDK is imported on first use, and a missing
+# extra then says what to install.
 from tripwire.otel.conventions import (
     MAPPING_VERSION,
     MappingStats,
@@ -35,15 +32,39 @@ from tripwire.otel.conventions import (
     map_span,
     view_from_readable_span,
 )
-from tripwire.otel.killswitch import KILL_FLAGS, KillFlag, KillFlags, check, clear
-from tripwire.otel.processor import (
-    DEFAULT_IDLE_TTL_S,
-    DEFAULT_MAX_TRACES,
-    ProcessorStats,
-    TripwireSpanProcessor,
-    VerdictChange,
-)
-from tripwire.otel.setup import instrument, policy_from_env
+
+_LAZY = {
+    "DEFAULT_IDLE_TTL_S": "tripwire.otel.processor",
+    "DEFAULT_MAX_TRACES": "tripwire.otel.processor",
+    "ProcessorStats": "tripwire.otel.processor",
+    "TripwireSpanProcessor": "tripwire.otel.processor",
+    "VerdictChange": "tripwire.otel.processor",
+    "KILL_FLAGS": "tripwire.otel.killswitch",
+    "KillFlag": "tripwire.otel.killswitch",
+    "KillFlags": "tripwire.otel.killswitch",
+    "check": "tripwire.otel.killswitch",
+    "clear": "tripwire.otel.killswitch",
+    "instrument": "tripwire.otel.setup",
+    "policy_from_env": "tripwire.otel.setup",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tripwire.otel' has no attribute {name!r}")
+    try:
+        import opentelemetry.sdk.trace
+        import opentelemetry.trace  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"tripwire.otel.{name} needs the OpenTelemetry API and SDK, which are not "
+            "installed: pip install 'tripwire[otel]'"
+        ) from exc
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_IDLE_TTL_S",
