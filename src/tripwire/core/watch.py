@@ -31,6 +31,7 @@ any rule tripping: a single different call inside a loop is not a recovery.
 
 from __future__ import annotations
 
+from array import array
 from typing import Final
 
 import msgspec
@@ -41,6 +42,12 @@ from tripwire.core.reasons import Rule, Verdict
 from tripwire.core.signature import Normalizer, Signature
 
 __all__ = ["Assessment", "RunState", "evaluate"]
+
+_MASK64: Final = (1 << 64) - 1
+
+_Failure = tuple[str | None, bool | None, float | None, int, int]
+"""The last failure of one signature: error class, retryable flag, end time, consecutive failed
+attempts, and the 1-based index of the call that failed."""
 
 _NO_RUNS: Final[dict[int, int]] = {}
 """The shared empty period-run table (never mutated: a non-empty table is always a new dict)."""
@@ -105,6 +112,7 @@ class RunState:
         "revisit_run",
         "runs",
         "seen",
+        "seen_at",
     )
 
     def __init__(self, window: int, max_period: int) -> None:
@@ -119,14 +127,17 @@ class RunState:
         self.runs: dict[int, int] = _NO_RUNS
         """runs[p]: trailing positions i with key[i] == key[i - p]; only non-zero entries (a call
         unlike its last ``max_period`` predecessors, the common case, leaves it empty)."""
-        self.results: list[int | None] | None = None
+        self.results: array[int] | None = None
         """Ring of result digests (allocated on the first result)."""
         self.progress: list[str | None] | None = None
         """Ring of progress fingerprints (allocated on the first fingerprint)."""
-        self.failures: dict[int, tuple[str | None, bool | None, float | None, int]] | None = None
+        self.failures: dict[int, _Failure] | None = None
         """Last failure of each signature still in the window: error, retryable, end, attempts."""
-        self.seen: dict[int, None] | None = None
-        """(signature, result) pairs seen so far, oldest first (revisit rule; bounded)."""
+        self.seen: bytearray | None = None
+        """The last ``revisit_memory`` (signature, result) pairs, 8 bytes each, as a ring: one
+        C-level ``find`` answers "seen before?" in a few hundred bytes (revisit rule)."""
+        self.seen_at = 0
+        """Next slot of the ``seen`` ring."""
         self.revisit_run = 0
         """Consecutive calls that repeated an earlier call and got the same result."""
         self.error_run = 0
@@ -179,6 +190,10 @@ def evaluate(
     # --- retry of a non-retryable failure: decided before anything else, never delayed ----
     failures = state.failures
     prior = failures.get(args_key) if failures else None
+    if prior is not None and index - prior[4] >= window:
+        # The failure is no longer among the last ``window`` calls (this call included).
+        del failures[args_key]  # type: ignore[union-attr]
+        prior = None
     if prior is not None and prior[1] is False and not sig.name_only:
         _push(state, policy, key, slot, call)
         _remember_failure(state, args_key, call, prior)
@@ -288,9 +303,6 @@ def _push(state: RunState, policy: LoopPolicy, key: int, slot: int, call: ToolCa
             counts[old] = left
         else:
             del counts[old]
-            failures = state.failures
-            if failures:
-                failures.pop(old, None)
     keys[slot] = key
     hits = counts.get(key, 0) + 1
     counts[key] = hits
@@ -314,8 +326,9 @@ def _push(state: RunState, policy: LoopPolicy, key: int, slot: int, call: ToolCa
     if call.result_digest is not None or state.results is not None:
         results = state.results
         if results is None:
-            results = state.results = [None] * window
-        results[slot] = hash(call.result_digest) if call.result_digest is not None else None
+            results = state.results = array("q", bytes(8 * window))
+        # 0 marks "no result"; a digest hashing to 0 is stored as 1 (a harmless collision).
+        results[slot] = (hash(call.result_digest) or 1) if call.result_digest is not None else 0
     if call.progress is not None or state.progress is not None:
         progress = state.progress
         if progress is None:
@@ -335,22 +348,25 @@ def _track_revisit(state: RunState, policy: LoopPolicy, args_key: int, result_di
     """Count consecutive calls whose (signature, result) pair was seen before in the run."""
     seen = state.seen
     if seen is None:
-        seen = state.seen = {}
-    pair = args_key ^ hash(result_digest)
-    if pair in seen:
+        seen = state.seen = bytearray(8 * policy.revisit_memory)
+    packed = ((args_key ^ hash(result_digest)) & _MASK64 or 1).to_bytes(8, "little")
+    at = seen.find(packed)
+    while at > 0 and at % 8:  # a match straddling two entries is no match
+        at = seen.find(packed, at + 1)
+    if at >= 0:
         state.revisit_run += 1
         return
     state.revisit_run = 0
-    seen[pair] = None
-    if len(seen) > policy.revisit_memory:
-        del seen[next(iter(seen))]
+    slot = state.seen_at
+    seen[slot * 8 : slot * 8 + 8] = packed
+    state.seen_at = (slot + 1) % policy.revisit_memory
 
 
 def _remember_failure(
     state: RunState,
     args_key: int,
     call: ToolCall,
-    prior: tuple[str | None, bool | None, float | None, int] | None,
+    prior: _Failure | None,
 ) -> None:
     failures = state.failures
     if call.failed or call.retryable is False:
@@ -358,7 +374,7 @@ def _remember_failure(
             failures = state.failures = {}
         attempts = prior[3] + 1 if prior is not None else 1
         failures.pop(args_key, None)  # re-insert: the dict's order is the failures' recency
-        failures[args_key] = (call.error_type, call.retryable, call.end_s, attempts)
+        failures[args_key] = (call.error_type, call.retryable, call.end_s, attempts, state.calls)
         if len(failures) > len(state.keys):
             # Bounded like the window: forget the oldest failure first.
             del failures[next(iter(failures))]
@@ -388,7 +404,7 @@ def _decide(
     hits: int,
     index: int,
     now_s: float | None,
-    prior: tuple[str | None, bool | None, float | None, int] | None,
+    prior: _Failure | None,
 ) -> Assessment:
     window = policy.window
     key = sig.key if policy.key is KeyMode.TOOL_ARGS else _tool_key(normalizer, call.tool)
@@ -441,8 +457,8 @@ def _decide(
     slots = _repeated_slots(state, key, rule, period, hits, window)
     progress = state.progress
     if progress is not None:
-        seen = [progress[s] for s in slots if progress[s] is not None]
-        if len(seen) >= 2 and seen[0] != seen[-1]:
+        fingerprints = [progress[s] for s in slots if progress[s] is not None]
+        if len(fingerprints) >= 2 and fingerprints[0] != fingerprints[-1]:
             return verdict(Verdict.WORKING, f"{what}, but the progress fingerprint changed")
     results = state.results
     result_evidence = policy.result_is_evidence(call.tool)
@@ -456,7 +472,7 @@ def _decide(
         return verdict(Verdict.WORKING, f"{what}, but the results differ (new evidence)")
     if policy.require_evidence:
         has_evidence = (progress is not None and any(progress[s] is not None for s in slots)) or (
-            results is not None and result_evidence and any(results[s] is not None for s in slots)
+            results is not None and result_evidence and any(results[s] for s in slots)
         )
         if not has_evidence:
             return verdict(
@@ -471,7 +487,7 @@ def _decide(
     return verdict(Verdict.STUCK, f"{what} with no new evidence")
 
 
-def _results_changed(results: list[int | None], slots: list[int], rule: Rule, period: int) -> bool:
+def _results_changed(results: array[int], slots: list[int], rule: Rule, period: int) -> bool:
     """True when the repeated calls' results differ: new evidence.
 
     For a cycle, each call is compared with the call one period earlier (the same step of the
@@ -480,11 +496,11 @@ def _results_changed(results: list[int | None], slots: list[int], rule: Rule, pe
     if rule is Rule.PERIOD:
         for j in range(period, len(slots)):
             a, b = results[slots[j]], results[slots[j - period]]
-            if a is not None and b is not None and a != b:
+            if a and b and a != b:
                 return True
         return False
-    seen = {r for r in (results[s] for s in slots) if r is not None}
-    return len(seen) > 1
+    distinct = {r for r in (results[s] for s in slots) if r}
+    return len(distinct) > 1
 
 
 def _tool_key(normalizer: Normalizer, tool: str) -> int:
