@@ -23,7 +23,6 @@ from tripwire.core.policy import DEFAULT_POLICY, KeyMode, LoopPolicy
 from tripwire.core.reasons import Verdict
 from tripwire.core.signature import ABSENT, DEFAULT_NORMALIZER, Normalizer
 from tripwire.core.watch import Assessment, RunState, evaluate
-from tripwire.errors import LoopDetected
 
 __all__ = ["LoopDetector", "LoopWatcher"]
 
@@ -137,15 +136,7 @@ class LoopDetector:
         state = self._state
         current = state.current
         if current is not None and current.verdict is Verdict.STUCK and current.call_index == state.calls:
-            raise LoopDetected(
-                rule=current.rule,  # type: ignore[arg-type]
-                tool=tool,
-                hits=current.hits,
-                window=self._policy.window,
-                period=current.period or 1,
-                call_index=current.call_index,
-                digest=current.digest or "",
-            )
+            raise current.exception()
 
     def reset(self) -> None:
         """Forget every call (start a new run)."""

@@ -72,7 +72,7 @@ from tripwire.core.reasons import Rule, StopReason, Verdict
 from tripwire.core.results import ToolResult
 from tripwire.core.signature import ABSENT, DEFAULT_NORMALIZER, Normalizer, Signature
 from tripwire.core.watch import Assessment, RunState, evaluate
-from tripwire.errors import BudgetExceeded, ConfigError, LoopDetected, RunStopped
+from tripwire.errors import BudgetExceeded, ConfigError, RunStopped
 from tripwire.prices import CostNotFoundWarning, PriceFn, genai_price
 from tripwire.store.base import Ledger, StoreUnavailable
 from tripwire.store.memory import MemoryLedger
@@ -1012,17 +1012,7 @@ class Guard:
                 counters=snap.counters,
                 partial=partial,
             )
-        return LoopDetected(
-            rule=cause.rule or Rule.REPETITION,
-            tool=cause.tool or "",
-            hits=cause.hits,
-            window=cause.window,
-            period=cause.period or 1,
-            call_index=cause.call_index,
-            digest=cause.digest or "",
-            counters=snap.counters,
-            partial=partial,
-        )
+        return cause.exception(counters=snap.counters, partial=partial)
 
     def _call_hook(self, snap: GuardSnapshot) -> Any:
         hook = self.partial_answer

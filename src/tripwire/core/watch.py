@@ -32,7 +32,7 @@ any rule tripping: a single different call inside a loop is not a recovery.
 from __future__ import annotations
 
 from array import array
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -40,6 +40,7 @@ from tripwire.core.events import Lease, ToolCall
 from tripwire.core.policy import KeyMode, LoopPolicy
 from tripwire.core.reasons import Rule, Verdict
 from tripwire.core.signature import Normalizer, Signature
+from tripwire.errors import LoopDetected
 
 __all__ = ["Assessment", "RunState", "evaluate"]
 
@@ -87,6 +88,22 @@ class Assessment(msgspec.Struct, frozen=True, kw_only=True):
     """False when the deciding signature had no arguments (name-only)."""
     policy_version: str = ""
     normalizer_version: str = ""
+
+    def exception(self, **fields: Any) -> LoopDetected:
+        """The :class:`~tripwire.errors.LoopDetected` that stops a run on this assessment.
+
+        ``fields`` are passed on (e.g. ``counters=``, ``partial=``, ``receipt=``).
+        """
+        return LoopDetected(
+            rule=self.rule if self.rule is not None else Rule.REPETITION,
+            tool=self.tool or "",
+            hits=self.hits,
+            window=self.window,
+            period=self.period or 1,
+            call_index=self.call_index,
+            digest=self.digest or "",
+            **fields,
+        )
 
 
 class RunState:
