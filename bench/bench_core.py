@@ -1,0 +1,326 @@
+"""Cost of the loop-detection core per tool call, against a naive baseline (issue 2 §4).
+
+Measures, in one run and side by side:
+
+1. observe cost per call from the argument JSON string, for ~100 B, ~1 KB and ~10 KB arguments
+   at window 10 and 100: ``LoopWatcher.observe(ToolCall(...))`` and ``LoopDetector.observe``
+   vs a naive detector written here (``json.loads``, ``json.dumps(sort_keys=True)`` + sha256,
+   a ``Counter`` rebuilt over a ``deque`` on every call, and a naive period check);
+2. the window/period logic alone on precomputed signatures: ``evaluate(..., signature=sig)``
+   vs the naive ``Counter`` rebuild + period check on precomputed digests;
+3. the largest single-call cost (p50/p99/max) for arguments at and above the 16 KiB cap;
+4. per-run state size at window 10 (deep ``sizeof`` of a ``RunState`` after 10 calls, each
+   object counted once).
+
+Targets: >= 3.5x the baseline at every size at window 10; logic alone >= 10x at window 10 and
+>= 40x at window 100; <= ~150 us for any single call; state <= 2 KB (aim 512 B).
+
+Timing: ``time.perf_counter_ns``, GC disabled while timing, each figure the per-call mean of a
+batch, over many batches (median and p10-p90 of the batch means). Single-call costs are timed
+one call at a time.
+
+Usage: ``python bench/bench_core.py [--quick]``
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import json
+import random
+import statistics
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tripwire.core.events import ToolCall
+from tripwire.core.policy import LoopPolicy
+from tripwire.core.signature import DEFAULT_NORMALIZER, MAX_CANONICAL_BYTES, signature_of
+from tripwire.core.watch import RunState, evaluate
+from tripwire.detector import LoopDetector, LoopWatcher
+from tripwire.errors import LoopDetected
+from tripwire.testing import deep_sizeof
+
+QUICK = "--quick" in sys.argv
+BATCH = 200 if QUICK else 500
+"""Calls per timed batch."""
+BATCHES = 15 if QUICK else 61
+"""Timed batches per figure (after one warm-up batch)."""
+POOL = 64
+"""Distinct argument strings per size (cycled in a shuffled order: realistic, few trips)."""
+TOOLS = ("search_docs", "read_page", "list_files", "run_query")
+
+
+# -- the naive baseline ------------------------------------------------------------------------
+
+
+class NaiveDetector:
+    """What one writes in an afternoon: parse, re-serialize sorted, hash, count over a deque."""
+
+    def __init__(self, window: int = 10, threshold: int = 4, max_period: int = 3, min_repeats: int = 3) -> None:
+        self.recent: deque[str] = deque(maxlen=window)
+        self.threshold = threshold
+        self.max_period = max_period
+        self.min_repeats = min_repeats
+        self.tripped = 0
+
+    def observe(self, tool: str, arguments: str) -> None:
+        canonical = json.dumps(json.loads(arguments), sort_keys=True)
+        key = hashlib.sha256(f"{tool}\x00{canonical}".encode()).hexdigest()
+        self.observe_key(key)
+
+    def observe_key(self, key: str) -> None:
+        self.recent.append(key)
+        counts = Counter(self.recent)
+        if counts[key] >= self.threshold:
+            self.tripped += 1
+            return
+        seq = list(self.recent)
+        for p in range(2, self.max_period + 1):
+            span = p * self.min_repeats
+            if len(seq) < span:
+                break
+            unit = seq[-p:]
+            if len(set(unit)) > 1 and seq[-span:] == unit * self.min_repeats:
+                self.tripped += 1
+                return
+
+
+# -- workloads ---------------------------------------------------------------------------------
+
+
+def make_args(size: int, i: int) -> str:
+    """A realistic JSON argument string of about ``size`` bytes (distinct for each ``i``)."""
+    base: dict[str, Any] = {
+        "query": f"refund policy for order {i}",
+        "limit": 10,
+        "filters": {"lang": "en", "site": "help", "score": 0.5},
+    }
+    if size > 150:
+        chunk = "lorem ipsum dolor sit amet " * 3
+        paragraphs: list[str] = []
+        while len(json.dumps({**base, "context": paragraphs})) < size:
+            paragraphs.append(f"{chunk}{len(paragraphs)}")
+        base["context"] = paragraphs
+    return json.dumps(base)
+
+
+def workload(size: int, n: int, seed: int = 7) -> list[tuple[str, str]]:
+    pool = [(TOOLS[i % len(TOOLS)], make_args(size, i)) for i in range(POOL)]
+    rnd = random.Random(seed)
+    out: list[tuple[str, str]] = []
+    while len(out) < n:
+        order = pool[:]
+        rnd.shuffle(order)
+        out.extend(order)
+    return out[:n]
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+
+def batch_means(run_batch: Callable[[int], None]) -> list[float]:
+    """Per-call means (ns) of BATCHES timed batches; ``run_batch(b)`` runs batch number ``b``."""
+    means: list[float] = []
+    gc.collect()
+    gc.disable()
+    try:
+        run_batch(0)  # warm-up
+        for b in range(1, BATCHES + 1):
+            t0 = time.perf_counter_ns()
+            run_batch(b)
+            means.append((time.perf_counter_ns() - t0) / BATCH)
+    finally:
+        gc.enable()
+    return means
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def summary(values: Sequence[float]) -> tuple[float, float, float]:
+    return statistics.median(values), pct(values, 0.10), pct(values, 0.90)
+
+
+def us(ns: float) -> str:
+    return f"{ns / 1000:8.2f}"
+
+
+def row(label: str, ours: Sequence[float], naive: Sequence[float], target: float | None) -> str:
+    m, lo, hi = summary(ours)
+    nm, nlo, nhi = summary(naive)
+    ratio = nm / m
+    flag = "" if target is None else ("  ok" if ratio >= target else f"  MISS (target {target:g}x)")
+    return (
+        f"{label:<28}{us(m)} [{us(lo)} -{us(hi)}]  {us(nm)} [{us(nlo)} -{us(nhi)}]  "
+        f"{ratio:6.1f}x{flag}"
+    )
+
+
+HEADER = (
+    f"{'':<28}{'ours µs':>8} [{'p10':>8} -{'p90':>8}]  {'naive µs':>8} [{'p10':>8} -{'p90':>8}]  ratio"
+)
+
+
+# -- 1. observe from the JSON string -----------------------------------------------------------
+
+
+def bench_observe(size: int, window: int) -> tuple[list[float], list[float], list[float], int]:
+    calls = workload(size, BATCH * (BATCHES + 1))
+    threshold = 4
+    policy = LoopPolicy(window=window, threshold=threshold)
+    watcher = LoopWatcher(policy)
+    detector = LoopDetector(window=window, threshold=threshold)
+    naive = NaiveDetector(window=window, threshold=threshold)
+
+    def ours(b: int) -> None:
+        observe = watcher.observe
+        for tool, args in calls[b * BATCH : (b + 1) * BATCH]:
+            observe(ToolCall(tool=tool, arguments=args))
+
+    def det(b: int) -> None:
+        observe = detector.observe
+        for tool, args in calls[b * BATCH : (b + 1) * BATCH]:
+            with contextlib.suppress(LoopDetected):
+                observe(tool, args)
+
+    def base(b: int) -> None:
+        observe = naive.observe
+        for tool, args in calls[b * BATCH : (b + 1) * BATCH]:
+            observe(tool, args)
+
+    actual = round(statistics.mean(len(a.encode()) for _, a in calls[:POOL]))
+    return batch_means(ours), batch_means(det), batch_means(base), actual
+
+
+# -- 2. the window/period logic alone ----------------------------------------------------------
+
+
+def bench_logic(window: int) -> tuple[list[float], list[float]]:
+    prepared = [
+        (ToolCall(tool=tool, arguments=args), signature_of(tool, args))
+        for tool, args in workload(100, BATCH * (BATCHES + 1))
+    ]
+    digests = [sig.digest for _, sig in prepared]
+    policy = LoopPolicy(window=window, threshold=4)
+    state = RunState.new(policy)
+    normalizer = DEFAULT_NORMALIZER
+    naive = NaiveDetector(window=window, threshold=4)
+
+    def ours(b: int) -> None:
+        for call, sig in prepared[b * BATCH : (b + 1) * BATCH]:
+            evaluate(state, call, policy, normalizer, signature=sig)
+
+    def base(b: int) -> None:
+        observe_key = naive.observe_key
+        for key in digests[b * BATCH : (b + 1) * BATCH]:
+            observe_key(key)
+
+    return batch_means(ours), batch_means(base)
+
+
+# -- 3. the largest single call ----------------------------------------------------------------
+
+
+def bench_single(size: int, n: int) -> tuple[float, float, float, str]:
+    tool = "write_file"
+    pool = []
+    for i in range(16):
+        head = json.dumps({"path": f"f{i:02d}.py", "content": ""})[:-2]
+        pool.append(head + "x" * (size - len(head) - 2) + '"}')
+    assert all(len(p.encode()) == size for p in pool)
+    kind = signature_of(tool, pool[0]).kind.value
+    watcher = LoopWatcher()
+    times: list[int] = []
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(n):
+            args = pool[i % len(pool)]
+            t0 = time.perf_counter_ns()
+            watcher.observe(ToolCall(tool=tool, arguments=args))
+            times.append(time.perf_counter_ns() - t0)
+    finally:
+        gc.enable()
+    times = times[len(pool) :]  # drop the warm-up
+    return statistics.median(times), pct(times, 0.99), max(times), kind
+
+
+# -- 4. state size -----------------------------------------------------------------------------
+
+
+def state_size() -> tuple[int, int]:
+    policy = LoopPolicy()
+    watcher = LoopWatcher(policy)
+    for tool, args in workload(100, 10):
+        watcher.observe(ToolCall(tool=tool, arguments=args))
+    state = watcher.state
+    everything = deep_sizeof(state)
+    # Shared by every run of the process: the policy's and normalizer's version strings, the
+    # constant reason text, the shared empty period table.
+    current = state.current
+    shared: list[Any] = [policy.version, DEFAULT_NORMALIZER.version]
+    if current is not None:
+        shared.append(current.reason)
+    import tripwire.core.watch as watch_module
+
+    shared.append(getattr(watch_module, "_NO_RUNS", None))
+    return everything, deep_sizeof(state, exclude=shared)
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    print(f"tripwire core bench — Python {sys.version.split()[0]}, batches of {BATCH} calls × {BATCHES}")
+    print(f"normalizer {DEFAULT_NORMALIZER.version}\n")
+
+    print("1. observe per call, from the argument JSON string (LoopWatcher.observe(ToolCall))")
+    print(HEADER)
+    misses: list[str] = []
+    for window in (10, 100):
+        for size in (100, 1024, 10 * 1024):
+            ours, det, base, actual = bench_observe(size, window)
+            target = 3.5 if window == 10 else None
+            line = row(f"  {actual:>6} B  window {window:<3}", ours, base, target)
+            print(line)
+            print(row("    LoopDetector.observe", det, base, None))
+            if "MISS" in line:
+                misses.append(line.strip())
+
+    print("\n2. window/period logic alone, precomputed signatures (evaluate(signature=...))")
+    print(HEADER)
+    for window, target in ((10, 10.0), (100, 40.0)):
+        ours, base = bench_logic(window)
+        line = row(f"  window {window:<3}", ours, base, target)
+        print(line)
+        if "MISS" in line:
+            misses.append(line.strip())
+
+    print("\n3. largest single call (LoopWatcher.observe, one call at a time)")
+    n = 400 if QUICK else 3000
+    for size in (MAX_CANONICAL_BYTES, MAX_CANONICAL_BYTES + 1, 64 * 1024, 1024 * 1024):
+        med, p99, mx, kind = bench_single(size, n if size < 10**6 else n // 10)
+        flag = "ok" if p99 <= 150_000 else "MISS (target ~150 µs)"
+        print(f"  {size:>8} B ({kind:<4})  p50 {us(med)} µs   p99 {us(p99)} µs   max {us(mx)} µs   {flag}")
+        if size <= 64 * 1024 and p99 > 150_000:
+            misses.append(f"single call {size} B p99 {p99 / 1000:.1f} µs")
+
+    everything, marginal = state_size()
+    print("\n4. per-run state at window 10, after 10 calls (deep sizeof, shared objects once)")
+    flag = "ok" if marginal <= 2048 else "MISS (never above 2 KB)"
+    aim = "within the 512 B aim" if marginal <= 512 else "above the 512 B aim"
+    print(f"  per run: {marginal} B ({aim}; {flag}); including process-shared strings: {everything} B")
+
+    print("\nmisses:" if misses else "\nall targets met")
+    for m in misses:
+        print("  " + m)
+
+
+if __name__ == "__main__":
+    main()

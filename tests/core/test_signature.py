@@ -1,0 +1,404 @@
+"""Action signatures: canonical identity of (tool, arguments), and hostile input."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+
+import pytest
+
+from tripwire.core.reasons import ArgsKind
+from tripwire.core.signature import (
+    ABSENT,
+    DEFAULT_NORMALIZER,
+    DEFAULT_VOLATILE_KEYS,
+    MAX_CANONICAL_BYTES,
+    MAX_DEPTH,
+    Normalizer,
+    Signature,
+    signature_of,
+)
+from tripwire.errors import ConfigError
+
+
+def sig(arguments: object, tool: str = "search_docs", normalizer: Normalizer | None = None) -> Signature:
+    return signature_of(tool, arguments, normalizer)
+
+
+# -- identity -------------------------------------------------------------------------------
+
+
+def test_key_order_does_not_matter_at_any_depth() -> None:
+    a = {"query": "refund policy", "limit": 5, "filter": {"lang": "en", "site": "help"}}
+    b = {"filter": {"site": "help", "lang": "en"}, "limit": 5, "query": "refund policy"}
+    assert sig(a) == sig(b)
+
+
+def test_json_string_and_dict_are_the_same_action() -> None:
+    args = {"query": "refund policy", "limit": 5, "tags": ["a", "b"], "x": None, "ok": True}
+    assert sig(json.dumps(args)) == sig(args)
+    assert sig(json.dumps(args, indent=2)) == sig(args)
+    assert sig(json.dumps(args).encode()) == sig(args)
+    assert sig(json.dumps(args)).kind is ArgsKind.JSON
+
+
+def test_json_string_with_other_key_order_and_spacing_matches() -> None:
+    assert sig('{"b": 2, "a": 1}') == sig('{ "a" :1,"b":2 }') == sig({"a": 1, "b": 2})
+
+
+def test_different_arguments_differ() -> None:
+    assert sig({"query": "refund policy"}) != sig({"query": "refund policies"})
+    assert sig({"query": "x", "limit": 5}) != sig({"query": "x", "limit": 6})
+    assert sig({"query": "x"}) != sig({"query": "x", "extra": None})
+
+
+def test_different_tools_with_the_same_arguments_differ() -> None:
+    assert sig({"q": 1}, tool="search") != sig({"q": 1}, tool="read")
+
+
+def test_one_and_one_point_zero_are_equal() -> None:
+    assert sig({"n": 1}) == sig({"n": 1.0}) == sig('{"n": 1.0}') == sig('{"n": 1e0}') == sig('{"n":1}')
+    assert sig({"n": -0.0}) == sig({"n": 0})
+    assert sig({"n": 1.5}) != sig({"n": 1})
+    assert sig({"n": 1.5}) == sig('{"n": 1.50}')
+
+
+def test_true_is_not_one() -> None:
+    assert sig({"flag": True}) != sig({"flag": 1})
+    assert sig({"flag": False}) != sig({"flag": 0})
+
+
+def test_two_different_big_integers_differ() -> None:
+    a, b = 2**64 + 1, 2**64 + 2
+    assert sig({"id": a}) != sig({"id": b})
+    assert sig(f'{{"id": {a}}}') != sig(f'{{"id": {b}}}')
+    c, d = 2**70, 2**70 + 1  # equal once rounded to a float
+    assert float(c) == float(d)
+    assert sig(f'{{"id": {c}}}') != sig(f'{{"id": {d}}}')
+    assert sig({"id": c}) != sig({"id": d})
+
+
+def test_big_integer_json_string_equals_dict() -> None:
+    n = 123456789012345678901234567890
+    assert sig(f'{{"id": {n}}}') == sig({"id": n})
+    assert sig(f'{{"id": {-n}}}') == sig({"id": -n})
+
+
+def test_tuples_and_lists_are_the_same_json_array() -> None:
+    assert sig({"x": (1, 2)}) == sig({"x": [1, 2]}) == sig('{"x": [1, 2]}')
+
+
+def test_list_order_matters() -> None:
+    assert sig({"x": [1, 2]}) != sig({"x": [2, 1]})
+
+
+def test_sets_are_order_independent() -> None:
+    assert sig({"s": {3, 1, 2}}) == sig({"s": frozenset([2, 3, 1])})
+
+
+def test_non_string_keys_are_read_as_text() -> None:
+    assert sig({1: "a"}) == sig({"1": "a"}) == sig('{"1": "a"}')
+
+
+# -- volatile keys ----------------------------------------------------------------------------
+
+
+def test_default_volatile_keys() -> None:
+    assert frozenset(
+        {"timestamp", "request_id", "trace_id", "span_id", "nonce", "now", "_ts", "correlation_id"}
+    ) == DEFAULT_VOLATILE_KEYS
+
+
+@pytest.mark.parametrize("key", sorted(DEFAULT_VOLATILE_KEYS))
+def test_each_default_volatile_key_is_dropped(key: str) -> None:
+    assert sig({"q": "x", key: "v1"}) == sig({"q": "x", key: "v2"}) == sig({"q": "x"})
+    assert sig(json.dumps({"q": "x", key: 123})) == sig({"q": "x"})
+
+
+def test_volatile_keys_are_dropped_at_every_depth() -> None:
+    plain = {"q": "x", "meta": {"inner": [{"v": 2}, {"deeper": {"w": 3}}]}}
+    noisy = {
+        "q": "x",
+        "request_id": "r-1",
+        "meta": {
+            "timestamp": 1712345678,
+            "inner": [{"nonce": "n1", "v": 2}, {"deeper": {"w": 3, "trace_id": "t", "_ts": 1.5}}],
+        },
+    }
+    assert sig(noisy) == sig(plain)
+    assert sig(json.dumps(noisy)) == sig(plain)
+
+
+def test_volatile_key_names_as_values_are_kept() -> None:
+    assert sig({"field": "timestamp"}) != sig({"field": "nonce"})
+    assert sig('{"field": "timestamp"}') == sig({"field": "timestamp"})
+
+
+def test_volatile_key_written_with_json_escapes_is_dropped() -> None:
+    # "\u006eonce" is the JSON spelling of "nonce" with its first letter escaped.
+    assert sig('{"q": 1, "\\u006eonce": 5}') == sig({"q": 1})
+    assert sig(b'{"q": 1, "request\\u005fid": "r"}') == sig({"q": 1})
+
+
+def test_user_adds_volatile_keys() -> None:
+    n = DEFAULT_NORMALIZER.with_volatile_keys(add={"session_id"})
+    assert sig({"q": 1, "session_id": "a"}, normalizer=n) == sig({"q": 1}, normalizer=n)
+    assert sig({"q": 1, "session_id": "a"}) != sig({"q": 1, "session_id": "b"})
+    assert n.version != DEFAULT_NORMALIZER.version
+    assert "session_id" in n.volatile_keys
+
+
+def test_user_removes_volatile_keys() -> None:
+    n = DEFAULT_NORMALIZER.with_volatile_keys(remove={"now"})
+    assert sig({"q": 1, "now": "a"}, normalizer=n) != sig({"q": 1, "now": "b"}, normalizer=n)
+    assert sig(json.dumps({"q": 1, "now": "a"}), normalizer=n) == sig({"q": 1, "now": "a"}, normalizer=n)
+    assert sig({"q": 1, "nonce": "a"}, normalizer=n) == sig({"q": 1}, normalizer=n)
+    assert n.version != DEFAULT_NORMALIZER.version
+
+
+def test_adding_then_removing_a_key_gives_back_the_same_normalizer_and_version() -> None:
+    n = DEFAULT_NORMALIZER.with_volatile_keys(add={"x"}).with_volatile_keys(remove={"x"})
+    assert n == DEFAULT_NORMALIZER
+    assert n.version == DEFAULT_NORMALIZER.version
+
+
+def test_version_names_the_scheme_keys_and_cap() -> None:
+    v = DEFAULT_NORMALIZER.version
+    assert v == Normalizer().version
+    assert "+vk." in v
+    assert f"cap.{MAX_CANONICAL_BYTES}" in v
+    assert Normalizer(max_bytes=1024).version != v
+
+
+def test_volatile_keys_accept_any_iterable() -> None:
+    n = Normalizer(volatile_keys={"a", "b"})  # type: ignore[arg-type]
+    assert n.volatile_keys == frozenset({"a", "b"})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"volatile_keys": frozenset({""})}, "volatile_keys"),
+        ({"volatile_keys": frozenset({1})}, "volatile_keys"),
+        ({"max_bytes": 63}, "max_bytes"),
+        ({"max_bytes": "big"}, "max_bytes"),
+    ],
+)
+def test_bad_normalizer_settings_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Normalizer(**kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field
+
+
+# -- text, raw, absent ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["refund policy", "true story", "nothing here", "123abc", "{not json", "[1, 2"])
+def test_text_that_is_not_json_is_hashed_as_text(text: str) -> None:
+    s = sig(text)
+    assert s.kind is ArgsKind.TEXT
+    assert s == sig(text)
+    assert s == sig(text.encode())
+
+
+def test_text_and_json_string_literal_differ() -> None:
+    assert sig("hello") != sig('"hello"')
+    assert sig('"hello"').kind is ArgsKind.JSON
+
+
+def test_different_texts_differ() -> None:
+    assert sig("refund policy") != sig("refund policies")
+
+
+def test_the_cap_is_at_16_kib() -> None:
+    assert MAX_CANONICAL_BYTES == 16 * 1024
+    head = '{"q":"'
+    at_cap = head + "x" * (MAX_CANONICAL_BYTES - len(head) - 2) + '"}'
+    assert len(at_cap.encode()) == MAX_CANONICAL_BYTES
+    assert sig(at_cap).kind is ArgsKind.JSON
+    over = head + "x" * (MAX_CANONICAL_BYTES - len(head) - 1) + '"}'
+    assert len(over.encode()) == MAX_CANONICAL_BYTES + 1
+    assert sig(over).kind is ArgsKind.RAW
+
+
+def test_arguments_over_the_cap_are_raw_bytes() -> None:
+    big = json.dumps({"q": "x" * 20_000, "request_id": "r1"})
+    s = sig(big)
+    assert s.kind is ArgsKind.RAW
+    assert s == sig(big)
+    # Raw bytes are not canonicalized: a volatile key now changes the signature.
+    assert s != sig(json.dumps({"q": "x" * 20_000, "request_id": "r2"}))
+
+
+def test_the_cap_is_configurable() -> None:
+    n = Normalizer(max_bytes=64)
+    assert sig(json.dumps({"q": "x" * 100}), normalizer=n).kind is ArgsKind.RAW
+    assert sig(json.dumps({"q": "x"}), normalizer=n).kind is ArgsKind.JSON
+
+
+@pytest.mark.parametrize("missing", [ABSENT, None])
+def test_missing_arguments_give_a_name_only_signature(missing: object) -> None:
+    s = sig(missing)
+    assert s.kind is ArgsKind.ABSENT
+    assert s.name_only
+    assert s == signature_of("search_docs")
+    assert s == DEFAULT_NORMALIZER.tool_signature("search_docs")
+    assert s != signature_of("read_page")
+
+
+def test_empty_arguments_are_not_missing_arguments() -> None:
+    assert sig({}) != sig(ABSENT)
+    assert sig({}) == sig("{}")
+    assert not sig({}).name_only
+
+
+def test_absent_survives_pickling_as_the_same_marker() -> None:
+    assert pickle.loads(pickle.dumps(ABSENT)) is ABSENT
+
+
+# -- digest --------------------------------------------------------------------------------
+
+
+def test_digest_is_128_bits_of_hex() -> None:
+    s = sig({"q": 1})
+    assert len(s.digest) == 32
+    assert int(s.digest, 16) == s.key
+    assert 0 <= s.key < 2**128
+    assert s.tool == "search_docs"
+
+
+def test_signatures_are_values() -> None:
+    s = sig({"q": 1})
+    assert hash(s) == hash(sig({"q": 1}))
+    assert pickle.loads(pickle.dumps(s)) == s
+
+
+def test_result_digest_is_normalized_like_arguments() -> None:
+    n = DEFAULT_NORMALIZER
+    assert n.digest({"a": 1, "b": [1.0]}) == n.digest('{"b": [1], "a": 1}')
+    assert n.digest({"a": 1}) != n.digest({"a": 2})
+    assert len(n.digest("x")) == 32
+
+
+# -- hostile input: defined answers, no RecursionError, no hang ------------------------------
+
+
+def test_nan_and_infinities_get_tokens() -> None:
+    nan = float("nan")
+    assert sig({"x": nan}) == sig({"x": nan})
+    assert sig({"x": nan}) == sig({"x": float("nan")})
+    assert sig({"x": float("inf")}) != sig({"x": float("-inf")})
+    assert sig({"x": nan}) != sig({"x": float("inf")})
+    assert sig({"x": 1e400}) == sig({"x": float("inf")})
+    assert sig('{"x": 1e400}') == sig({"x": float("inf")})
+
+
+def test_nan_literal_in_text_is_not_json_but_still_defined() -> None:
+    assert sig('{"x": NaN}').kind is ArgsKind.TEXT
+
+
+def test_ten_megabyte_string() -> None:
+    huge = "x" * (10 * 1024 * 1024)
+    start = time.perf_counter()
+    as_text = sig(huge)
+    as_value = sig({"blob": huge})
+    as_json = sig(json.dumps({"blob": huge}))
+    assert time.perf_counter() - start < 5
+    assert as_text.kind is ArgsKind.RAW
+    assert as_value.kind is ArgsKind.JSON
+    assert as_json.kind is ArgsKind.RAW
+    assert sig({"blob": huge + "y"}) != as_value
+
+
+def _nested_dict(depth: int) -> dict[str, object]:
+    root: dict[str, object] = {}
+    cur = root
+    for _ in range(depth):
+        nxt: dict[str, object] = {}
+        cur["a"] = nxt
+        cur = nxt
+    return root
+
+
+def test_dict_nested_ten_thousand_deep() -> None:
+    s = sig(_nested_dict(10_000))
+    assert s.kind is ArgsKind.JSON
+    # Past MAX_DEPTH the rest is one token: deeper differences no longer count.
+    assert s == sig(_nested_dict(20_000))
+    assert sig(_nested_dict(MAX_DEPTH - 2)) != sig(_nested_dict(MAX_DEPTH - 1))
+
+
+def test_list_nested_ten_thousand_deep() -> None:
+    root: list[object] = []
+    cur = root
+    for _ in range(10_000):
+        nxt: list[object] = []
+        cur.append(nxt)
+        cur = nxt
+    assert sig(root).kind is ArgsKind.JSON
+
+
+def test_json_string_nested_ten_thousand_deep() -> None:
+    deep_obj = '{"a":' * 10_000 + "1" + "}" * 10_000
+    deep_list = "[" * 10_000 + "]" * 10_000
+    assert sig(deep_obj).kind is ArgsKind.RAW  # over the 16 KiB cap
+    assert sig(deep_list).kind is ArgsKind.RAW
+    # With the cap lifted, the parser sees it: too deep for JSON, so it is hashed as text.
+    n = Normalizer(max_bytes=10**6)
+    assert sig(deep_obj, normalizer=n).kind is ArgsKind.TEXT
+    assert sig(deep_list, normalizer=n).kind is ArgsKind.TEXT
+    with_volatile = '{"nonce":1,"a":' * 1000 + "1" + "}" * 1000
+    assert sig(with_volatile, normalizer=n).kind in (ArgsKind.TEXT, ArgsKind.JSON)
+
+
+def test_json_string_and_dict_agree_below_max_depth() -> None:
+    d = _nested_dict(MAX_DEPTH - 4)
+    assert sig(json.dumps(d)) == sig(d)
+
+
+def test_self_referencing_dict() -> None:
+    d: dict[str, object] = {"q": "x"}
+    d["self"] = d
+    s = sig(d)
+    assert s.kind is ArgsKind.JSON
+    assert s == sig(d)
+
+
+def test_mutual_and_list_cycles() -> None:
+    a: dict[str, object] = {"name": "a"}
+    b: dict[str, object] = {"name": "b", "peer": a}
+    a["peer"] = b
+    lst: list[object] = [1]
+    lst.append(lst)
+    assert sig(a).kind is ArgsKind.JSON
+    assert sig({"l": lst}).kind is ArgsKind.JSON
+
+
+def test_a_shared_object_is_not_a_cycle() -> None:
+    shared = {"v": 1}
+    assert sig({"x": shared, "y": shared}) == sig({"x": {"v": 1}, "y": {"v": 1}})
+
+
+def test_arbitrary_objects_and_bytes_are_defined() -> None:
+    class Hostile:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert sig({"o": Hostile()}).kind is ArgsKind.JSON
+    assert sig({"b": b"\x00\xff"}) == sig({"b": bytearray(b"\x00\xff")})
+    assert sig({"b": b"\x00"}) != sig({"b": b"\x01"})
+
+
+def test_lone_surrogates_and_invalid_utf8_are_defined() -> None:
+    assert sig("\ud800 oops").kind is ArgsKind.TEXT
+    assert sig(b'{"q": "\xff"}').kind is ArgsKind.TEXT
+    assert sig({"q": "\udfff"}).kind is ArgsKind.JSON
+    assert sig({"q": "\udfff", "a": 1}) == sig({"a": 1, "q": "\udfff"})
+    assert sig({"q": "\udfff"}) != sig({"q": "\udffe"})
+
+
+def test_top_level_scalars_and_lists() -> None:
+    assert sig([1, 2]) == sig("[1, 2]")
+    assert sig(5) == sig("5") == sig(5.0)
+    assert sig(True) == sig("true")
