@@ -164,6 +164,18 @@ def _loop_message(
             f"{period} calls {hits}× (tripped at call {call_index}); tell the model to change "
             "approach, or raise LoopPolicy(min_repeats=...) if this cycle is expected"
         )
+    if rule is Rule.SAME_RESULT:
+        return (
+            f"the last {hits} {tool} calls, up to call {call_index}, all got the same result "
+            "whatever their arguments; tell the model this search is exhausted, or raise "
+            "LoopPolicy(same_result=...)"
+        )
+    if rule is Rule.REVISIT:
+        return (
+            f"the last {hits} calls, up to {tool} at call {call_index}, each repeated an earlier "
+            "call and got the same result; tell the model it is going in circles, or raise "
+            "LoopPolicy(revisit=...)"
+        )
     if rule is Rule.SAME_ERROR:
         return (
             f"the last {hits} calls, ending with {tool} at call {call_index}, all failed with "

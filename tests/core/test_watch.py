@@ -384,6 +384,34 @@ def test_revisit_with_new_results_is_not_a_revisit() -> None:
     assert run.trips == []
 
 
+def _search(i: int, result: str = "No matches found") -> ToolCall:
+    return ToolCall(tool="find_file", arguments={"name": f"config{i}.*"}, result_digest=result)
+
+
+def test_same_result_rule_trips_at_the_eighth_consecutive_same_result() -> None:
+    # Eight different searches, one answer: nothing new is learned. The default count is 8.
+    run = Run(DEFAULT_POLICY).feed([_search(i) for i in range(7)])
+    assert run.trips == []
+    run.feed([_search(7)])
+    assert run.trips == [(8, Rule.SAME_RESULT)]
+    assert (run.verdict, run.current.hits) == (Verdict.STUCK, 8)
+
+
+def test_same_result_streak_is_broken_by_another_tool_or_a_new_result() -> None:
+    other = ToolCall(tool="open_file", arguments={"path": "a"}, result_digest="text")
+    calls = [_search(i) for i in range(5)] + [other] + [_search(i) for i in range(5, 12)]
+    assert Run(DEFAULT_POLICY).feed(calls).trips == []
+    fresh = [_search(i, result=f"found {chr(97 + i)}") for i in range(12)]
+    assert Run(DEFAULT_POLICY).feed(fresh).trips == []
+
+
+def test_same_result_needs_recorded_results_and_can_be_switched_off() -> None:
+    no_results = [ToolCall(tool="find_file", arguments={"name": f"c{i}"}) for i in range(12)]
+    assert Run(DEFAULT_POLICY).feed(no_results).trips == []
+    off = DEFAULT_POLICY.evolve(same_result=None)
+    assert Run(off).feed([_search(i) for i in range(12)]).trips == []
+
+
 # -- 1. leases ---------------------------------------------------------------------------------
 
 

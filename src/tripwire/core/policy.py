@@ -113,7 +113,7 @@ class LoopPolicy:
 
     The defaults are calibrated on 768 real recorded agent runs (issue 7; README, "How well it
     works"): results count as evidence for every tool (``result_evidence="all"``), cycles up to
-    8 calls (``max_period=8``), ``same_error=5`` and ``revisit=6`` are on. They deliberately
+    8 calls (``max_period=8``), ``same_error=5``, ``same_result=8`` and ``revisit=6`` are on. They deliberately
     differ from the first design's ``max_period=3`` with polling-only result evidence; the plain
     repetition rule is the ``seed`` preset (:data:`SEED_POLICY`), and :class:`LoopDetector`
     keeps ``max_period=3`` with no evidence.
@@ -134,6 +134,9 @@ class LoopPolicy:
     same_error: int | None = 5
     """Trip after this many consecutive failed calls with the same error class, whatever the
     arguments (``None`` = off)."""
+    same_result: int | None = 8
+    """Trip after this many consecutive calls of one tool that got the same result, whatever
+    their arguments (``None`` = off; needs recorded results)."""
     revisit: int | None = 6
     """Trip after this many consecutive calls that each repeat an earlier call (same signature)
     *and* get the same result it got (``None`` = off; needs recorded results)."""
@@ -181,6 +184,8 @@ class LoopPolicy:
         _positive_int("min_repeats", self.min_repeats, 2)
         if self.same_error is not None:
             _positive_int("same_error", self.same_error, 2)
+        if self.same_result is not None:
+            _positive_int("same_result", self.same_result, 2)
         if self.revisit is not None:
             _positive_int("revisit", self.revisit, 2)
         _positive_int("revisit_memory", self.revisit_memory)
@@ -250,6 +255,7 @@ SEED_POLICY: Final = LoopPolicy(
     threshold=4,
     max_period=None,
     same_error=None,
+    same_result=None,
     revisit=None,
     result_evidence=ResultEvidence.OFF,
     name_only="stuck",

@@ -36,6 +36,9 @@ class Rule(str, Enum):
     """An identical call repeated after an error explicitly marked non-retryable."""
     SAME_ERROR = "same_error"
     """Consecutive calls keep failing with the same error, whatever their arguments."""
+    SAME_RESULT = "same_result"
+    """Consecutive calls of one tool keep getting the same result, whatever their arguments:
+    the agent varies the call but learns nothing new."""
     REVISIT = "revisit"
     """Consecutive calls each repeat an earlier call of the run and get the same result it got:
     activity without new evidence, in a cycle too long for the window."""

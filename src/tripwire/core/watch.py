@@ -46,6 +46,8 @@ __all__ = ["Assessment", "RunState", "evaluate"]
 
 _MASK64: Final = (1 << 64) - 1
 
+_RESULTS_ARE_NOT_EVIDENCE: Final = frozenset({Rule.SAME_ERROR, Rule.SAME_RESULT, Rule.REVISIT})
+
 _Failure = tuple[str | None, bool | None, float | None, int, int]
 """The last failure of one signature: error class, retryable flag, end time, consecutive failed
 attempts, and the 1-based index of the call that failed."""
@@ -126,6 +128,9 @@ class RunState:
         "progress",
         "recent",
         "results",
+        "last_result",
+        "last_tool",
+        "outcome_run",
         "revisit_run",
         "runs",
         "seen",
@@ -155,6 +160,12 @@ class RunState:
         C-level ``find`` answers "seen before?" in a few hundred bytes (revisit rule)."""
         self.seen_at = 0
         """Next slot of the ``seen`` ring."""
+        self.last_tool: str | None = None
+        """The previous call's tool (same-result rule)."""
+        self.last_result: str | None = None
+        """The previous call's result digest (same-result rule)."""
+        self.outcome_run = 0
+        """Consecutive calls of the same tool that got the same result (same-result rule)."""
         self.revisit_run = 0
         """Consecutive calls that repeated an earlier call and got the same result."""
         self.error_run = 0
@@ -263,6 +274,12 @@ def evaluate(
                 break
     if rule is None and policy.same_error is not None and state.error_run >= policy.same_error:
         rule, period, hits = Rule.SAME_ERROR, 1, state.error_run
+    if (
+        rule is None
+        and policy.same_result is not None
+        and state.outcome_run >= policy.same_result
+    ):
+        rule, period, hits = Rule.SAME_RESULT, 1, state.outcome_run
     if rule is None and policy.revisit is not None and state.revisit_run >= policy.revisit:
         rule, period, hits = Rule.REVISIT, 1, state.revisit_run
 
@@ -358,6 +375,14 @@ def _push(state: RunState, policy: LoopPolicy, key: int, slot: int, call: ToolCa
     else:
         state.error_run = 0
         state.last_error = None
+
+    digest = call.result_digest
+    if digest is not None and digest == state.last_result and call.tool == state.last_tool:
+        state.outcome_run += 1
+    else:
+        state.outcome_run = 0 if digest is None else 1
+    state.last_tool = call.tool
+    state.last_result = digest
     return hits
 
 
@@ -479,11 +504,12 @@ def _decide(
             return verdict(Verdict.WORKING, f"{what}, but the progress fingerprint changed")
     results = state.results
     result_evidence = policy.result_is_evidence(call.tool)
-    # An error message that changes is not progress, and a revisit means the results repeat.
+    # An error message that changes is not progress; a revisit or a same-result streak means the
+    # results repeat by definition.
     if (
         results is not None
         and result_evidence
-        and rule not in (Rule.SAME_ERROR, Rule.REVISIT)
+        and rule not in _RESULTS_ARE_NOT_EVIDENCE
         and _results_changed(results, slots, rule, period)
     ):
         return verdict(Verdict.WORKING, f"{what}, but the results differ (new evidence)")
@@ -527,6 +553,8 @@ def _tool_key(normalizer: Normalizer, tool: str) -> int:
 def _describe(rule: Rule, tool: str, hits: int, period: int, window: int) -> str:
     if rule is Rule.PERIOD:
         return f"a cycle of {period} calls ending with {tool} repeated {hits}×"
+    if rule is Rule.SAME_RESULT:
+        return f"{hits} consecutive {tool} calls got the same result, whatever their arguments"
     if rule is Rule.REVISIT:
         return (
             f"{hits} consecutive calls, ending with {tool}, each repeated an earlier call and got "
