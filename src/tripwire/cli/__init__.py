@@ -37,15 +37,11 @@ def _root(
     """tripwire: tell stuck agents from busy ones, guard budgets, receipt every stop."""
 
 
-# Commands register themselves on import. Keep one line per command module.
+# Commands register themselves on import: one module per command.
+from tripwire.cli import calibrate as _calibrate  # noqa: E402,F401
 from tripwire.cli import demo as _demo  # noqa: E402,F401
-
-for _optional in ("explain", "replay", "calibrate", "runs"):
-    try:
-        __import__(f"tripwire.cli.{_optional}")
-    except ModuleNotFoundError as _exc:  # the command module is not written yet
-        if _exc.name != f"tripwire.cli.{_optional}":
-            raise
+from tripwire.cli import explain as _explain  # noqa: E402,F401
+from tripwire.cli import replay as _replay  # noqa: E402,F401
 
 
 def main() -> None:
