@@ -6,7 +6,8 @@
 
     tripwire.otel.instrument()          # watch every agent's tool spans in this process
     ...
-    tripwire.otel.check()               # before each step: raises LoopDetected when stuck
+    tripwire.otel.check()               # before each step: raises LoopDetected when stuck,
+                                        # BudgetExceeded when a budget (limits=) is used up
 
 The pieces: :mod:`~tripwire.otel.conventions` (span → event mapping),
 :mod:`~tripwire.otel.processor` (:class:`TripwireSpanProcessor`),
@@ -34,6 +35,7 @@ from tripwire.otel.conventions import (
 )
 
 _LAZY = {
+    "BudgetStop": "tripwire.otel.processor",
     "DEFAULT_IDLE_TTL_S": "tripwire.otel.processor",
     "DEFAULT_MAX_TRACES": "tripwire.otel.processor",
     "ProcessorStats": "tripwire.otel.processor",
@@ -46,6 +48,7 @@ _LAZY = {
     "clear": "tripwire.otel.killswitch",
     "instrument": "tripwire.otel.setup",
     "policy_from_env": "tripwire.otel.setup",
+    "limits_from_env": "tripwire.otel.setup",
 }
 
 
@@ -71,6 +74,7 @@ __all__ = [
     "DEFAULT_MAX_TRACES",
     "KILL_FLAGS",
     "MAPPING_VERSION",
+    "BudgetStop",
     "KillFlag",
     "KillFlags",
     "MappingStats",
@@ -84,6 +88,7 @@ __all__ = [
     "classify",
     "clear",
     "instrument",
+    "limits_from_env",
     "map_span",
     "policy_from_env",
     "view_from_readable_span",

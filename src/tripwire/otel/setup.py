@@ -22,13 +22,19 @@ variable                   meaning                              accepted values
 ``TRIPWIRE_MAX_TRACES``    active traces watched at most        integer >= 1
 ``TRIPWIRE_IDLE_TTL_S``    idle seconds before a trace is       number > 0
                            dropped
+``TRIPWIRE_MAX_TOOL_CALLS`` tool calls per trace                integer >= 0, or ``off``
+``TRIPWIRE_MAX_TOTAL_TOKENS`` input + output tokens per trace   integer >= 1, or ``off``
+``TRIPWIRE_MAX_COST_USD``  cost per trace in USD                number > 0, or ``off``
 =========================  ===================================  ==========================
 
-A bad value raises :class:`~tripwire.errors.ConfigError` naming the variable.
+The budget variables fill the fields a ``limits=`` keyword leaves unset (``None``): a value set
+in code is never overridden. A bad value raises :class:`~tripwire.errors.ConfigError` naming
+the variable.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any, Final
@@ -36,11 +42,12 @@ from typing import Any, Final
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
+from tripwire.core.budget import Limits
 from tripwire.core.policy import LoopPolicy
 from tripwire.errors import ConfigError
 from tripwire.otel.processor import DEFAULT_IDLE_TTL_S, DEFAULT_MAX_TRACES, TripwireSpanProcessor
 
-__all__ = ["ENV_VARS", "instrument", "policy_from_env"]
+__all__ = ["ENV_VARS", "instrument", "limits_from_env", "policy_from_env"]
 
 _POLICY_ENV: Final = {
     "TRIPWIRE_WINDOW": "window",
@@ -49,11 +56,17 @@ _POLICY_ENV: Final = {
     "TRIPWIRE_MAX_PERIOD": "max_period",
     "TRIPWIRE_MIN_REPEATS": "min_repeats",
 }
+_LIMITS_ENV: Final = {
+    "TRIPWIRE_MAX_TOOL_CALLS": ("max_tool_calls", "an integer >= 0, or 'off'"),
+    "TRIPWIRE_MAX_TOTAL_TOKENS": ("max_total_tokens", "an integer >= 1, or 'off'"),
+    "TRIPWIRE_MAX_COST_USD": ("max_cost_usd", "a number > 0, or 'off'"),
+}
 ENV_VARS: Final = (
     "TRIPWIRE_POLICY",
     *_POLICY_ENV,
     "TRIPWIRE_MAX_TRACES",
     "TRIPWIRE_IDLE_TTL_S",
+    *_LIMITS_ENV,
 )
 """Every environment variable :func:`instrument` reads."""
 
@@ -114,6 +127,47 @@ def policy_from_env(
     return policy.evolve(**overrides) if overrides else policy
 
 
+def limits_from_env(
+    env: Mapping[str, str] | None = None, limits: Limits | None = None
+) -> Limits | None:
+    """The budgets the ``TRIPWIRE_MAX_*`` variables describe, on top of ``limits``.
+
+    A variable only fills a field that ``limits`` leaves ``None`` (code wins); ``off`` (or an
+    empty value) leaves it off.
+
+    Args:
+        env: the environment to read (default ``os.environ``).
+        limits: the limits given in code, if any.
+
+    Returns:
+        ``limits`` with the variables applied; ``None`` when neither sets anything.
+
+    Raises:
+        ConfigError: a variable holds a bad value (``field`` is the variable's name).
+    """
+    env = os.environ if env is None else env
+    changes: dict[str, Any] = {}
+    for var, (fname, expected) in _LIMITS_ENV.items():
+        if var not in env or (limits is not None and getattr(limits, fname) is not None):
+            continue
+        raw = env[var].strip()
+        if raw.lower() in ("off", "none", ""):
+            continue
+        try:
+            changes[fname] = float(raw) if fname == "max_cost_usd" else int(raw)
+        except ValueError:
+            raise ConfigError(var, raw, expected) from None
+    if not changes:
+        return limits
+    try:
+        return dataclasses.replace(limits, **changes) if limits is not None else Limits(**changes)
+    except ConfigError as exc:
+        named = next((v for v, (f, _) in _LIMITS_ENV.items() if f == exc.field), None)
+        if named is None:
+            raise
+        raise ConfigError(named, env[named], _LIMITS_ENV[named][1]) from None
+
+
 def instrument(
     *,
     provider: TracerProvider | None = None,
@@ -135,7 +189,9 @@ def instrument(
         overrides: loop-policy fields (``window``, ``threshold``, ``key``, ``max_period``,
             ``min_repeats``…, or ``policy=`` a preset name / ``LoopPolicy``) and processor
             options (``on_verdict``, ``max_traces``, ``idle_ttl_s``, ``normalizer``,
-            ``flags``, ``clock``, ``tracer``).
+            ``flags``, ``clock``, ``tracer``, ``limits``, ``on_budget``, ``prices``).
+            ``limits=`` (a :class:`~tripwire.core.budget.Limits`) turns budgets on; the
+            ``TRIPWIRE_MAX_*`` variables fill the fields it leaves unset.
 
     Returns:
         The processor (its ``stats``, ``verdict()`` and ``flags`` are useful in tests).
@@ -161,6 +217,10 @@ def instrument(
             overrides["idle_ttl_s"] = float(raw)
         except ValueError:
             raise ConfigError("TRIPWIRE_IDLE_TTL_S", raw, "a number > 0") from None
+    limits = overrides.get("limits")
+    if limits is not None and not isinstance(limits, Limits):
+        raise ConfigError("limits", limits, "a tripwire Limits, or None")
+    overrides["limits"] = limits_from_env(env, limits)
     overrides.setdefault("max_traces", DEFAULT_MAX_TRACES)
     overrides.setdefault("idle_ttl_s", DEFAULT_IDLE_TTL_S)
 
@@ -207,7 +267,18 @@ def _sdk_provider(provider: TracerProvider | None) -> TracerProvider:
 
 
 _PROCESSOR_OPTIONS: Final = frozenset(
-    {"on_verdict", "max_traces", "idle_ttl_s", "normalizer", "flags", "clock", "tracer"}
+    {
+        "on_verdict",
+        "max_traces",
+        "idle_ttl_s",
+        "normalizer",
+        "flags",
+        "clock",
+        "tracer",
+        "limits",
+        "on_budget",
+        "prices",
+    }
 )
 _LOOP_POLICY_FIELDS: Final = frozenset(
     f for f in LoopPolicy.__dataclass_fields__ if f not in ("version",)
