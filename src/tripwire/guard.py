@@ -72,7 +72,7 @@ from tripwire.core.reasons import Rule, StopReason, Verdict
 from tripwire.core.results import ToolResult
 from tripwire.core.signature import ABSENT, DEFAULT_NORMALIZER, Normalizer, Signature
 from tripwire.core.watch import Assessment, RunState, evaluate
-from tripwire.errors import BudgetExceeded, ConfigError, RunStopped
+from tripwire.errors import ConfigError, RunStopped
 from tripwire.prices import CostNotFoundWarning, PriceFn, genai_price
 from tripwire.store.base import Ledger, StoreUnavailable
 from tripwire.store.memory import MemoryLedger
@@ -1001,17 +1001,6 @@ class Guard:
     def _build_exception(self, cause: Stop | Assessment) -> RunStopped:
         snap = self._snapshot(self._ended_s if self._ended_s is not None else self._clock())
         partial = self._call_hook(snap)
-        if isinstance(cause, Stop):
-            return BudgetExceeded(
-                cause.message,
-                reason=cause.reason,
-                limit_name=cause.limit_name,
-                limit=cause.limit,
-                observed=cause.observed,
-                level=Level.STOP.value,
-                counters=snap.counters,
-                partial=partial,
-            )
         return cause.exception(counters=snap.counters, partial=partial)
 
     def _call_hook(self, snap: GuardSnapshot) -> Any:

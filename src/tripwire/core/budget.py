@@ -37,7 +37,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from tripwire.core.reasons import StopReason
-from tripwire.errors import ConfigError
+from tripwire.errors import BudgetExceeded, ConfigError
 
 __all__ = [
     "NO_LIMITS",
@@ -415,6 +415,21 @@ class Stop:
         if self.tool is not None:
             out["tool"] = self.tool
         return out
+
+    def exception(self, **fields: Any) -> BudgetExceeded:
+        """The :class:`~tripwire.errors.BudgetExceeded` that stops a run on this decision.
+
+        ``fields`` are passed on (e.g. ``counters=``, ``partial=``, ``receipt=``).
+        """
+        return BudgetExceeded(
+            self.message,
+            reason=self.reason,
+            limit_name=self.limit_name,
+            limit=self.limit,
+            observed=self.observed,
+            level=Level.STOP.value,
+            **fields,
+        )
 
 
 def _num(value: float) -> int | float:

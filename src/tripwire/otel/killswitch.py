@@ -37,7 +37,7 @@ from typing import Final
 
 from opentelemetry import trace as trace_api
 
-from tripwire.core.budget import Level, RunCounters, Stop
+from tripwire.core.budget import RunCounters, Stop
 from tripwire.core.reasons import Rule, StopReason
 from tripwire.core.watch import Assessment
 from tripwire.errors import BudgetExceeded, ConfigError, LoopDetected
@@ -128,26 +128,9 @@ class KillFlag:
         stop's ``reason``, ``limit_name``, ``limit``, ``observed`` and the ``counters``."""
         stop = self.stop
         if stop is not None:
-            return BudgetExceeded(
-                stop.message,
-                reason=stop.reason,
-                limit_name=stop.limit_name,
-                limit=stop.limit,
-                observed=stop.observed,
-                level=Level.STOP.value,
-                counters=self.counters,
-            )
-        a = self.assessment
-        assert a is not None
-        return LoopDetected(
-            rule=a.rule if a.rule is not None else Rule.REPETITION,
-            tool=a.tool or "?",
-            hits=a.hits,
-            window=a.window,
-            period=a.period or 1,
-            call_index=a.call_index,
-            digest=a.digest or "",
-        )
+            return stop.exception(counters=self.counters)
+        assert self.assessment is not None
+        return self.assessment.exception()
 
 
 class KillFlags:
