@@ -218,9 +218,9 @@ def evaluate(
     # --- retry of a non-retryable failure: decided before anything else, never delayed ----
     failures = state.failures
     prior = failures.get(args_key) if failures else None
-    if prior is not None and index - prior[4] >= window:
+    if failures and prior is not None and index - prior[4] >= window:
         # The failure is no longer among the last ``window`` calls (this call included).
-        del failures[args_key]  # type: ignore[union-attr]
+        del failures[args_key]
         prior = None
     if prior is not None and prior[1] is False and not sig.name_only:
         _push(state, policy, key, slot, call)
