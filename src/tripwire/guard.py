@@ -320,6 +320,8 @@ class Guard:
             plan = self._plans.get(tool)
             if plan is None:
                 plan = self._plans[tool] = self._plan((tool,))
+            # What follows is _reserve() for a batch of one, inlined: this runs before every
+            # tool call, and going through _reserve's batch loops costs ~0.65 µs (bench_guard).
             items, meta, capped = plan
             try:
                 index, totals = self._ledger.reserve(items)
