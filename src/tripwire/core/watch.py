@@ -298,7 +298,7 @@ def evaluate(
 
     state.last_trip = index
     assessment = _decide(
-        state, call, sig, policy, normalizer, rule, period, hits, index, now_s, prior
+        state, call, sig, key, policy, normalizer, rule, period, hits, index, now_s, prior
     )
     if assessment.verdict is Verdict.STUCK and policy.confirm > 1:
         state.confirm_streak += 1
@@ -439,6 +439,7 @@ def _decide(
     state: RunState,
     call: ToolCall,
     sig: Signature,
+    key: int,
     policy: LoopPolicy,
     normalizer: Normalizer,
     rule: Rule,
@@ -449,7 +450,6 @@ def _decide(
     prior: _Failure | None,
 ) -> Assessment:
     window = policy.window
-    key = sig.key if policy.key is KeyMode.TOOL_ARGS else _tool_key(normalizer, call.tool)
 
     def verdict(v: Verdict, reason: str) -> Assessment:
         return Assessment(
@@ -544,10 +544,6 @@ def _results_changed(results: array[int], slots: list[int], rule: Rule, period: 
         return False
     distinct = {r for r in (results[s] for s in slots) if r}
     return len(distinct) > 1
-
-
-def _tool_key(normalizer: Normalizer, tool: str) -> int:
-    return normalizer.tool_signature(tool).key
 
 
 def _describe(rule: Rule, tool: str, hits: int, period: int, window: int) -> str:
