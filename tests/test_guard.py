@@ -510,3 +510,16 @@ def test_receipt_of_a_completed_run() -> None:
 
 def test_only_run_stopped_subclasses_escape() -> None:
     assert issubclass(BudgetExceeded, RunStopped) and issubclass(LoopDetected, RunStopped)
+
+
+def test_results_differing_only_in_numbers_are_no_new_evidence() -> None:
+    # The guard digests results like the span mapping does (Normalizer.result_digest): a new
+    # order id in every confirmation is not progress, so the 4th identical call is a loop.
+    guard = Guard(Limits())
+    for i in range(3):
+        guard.before_tool("create_order", {"sku": "A-1"})
+        guard.after_tool("create_order", {"sku": "A-1"}, ToolResult.success(f"order {1000 + i} created"))
+    guard.before_tool("create_order", {"sku": "A-1"})
+    with pytest.raises(LoopDetected) as info:
+        guard.after_tool("create_order", {"sku": "A-1"}, ToolResult.success("order 1003 created"))
+    assert (info.value.rule, info.value.call_index) == (Rule.REPETITION, 4)

@@ -484,7 +484,7 @@ class Guard:
             if result is not None:
                 progress = result.progress
                 if result.value is not None and (self._digest_all or tool in policy.polling_tools):
-                    digest = self.normalizer.digest(result.value)
+                    digest = self.normalizer.result_digest(result.value)
             call = ToolCall(
                 tool=tool,
                 start_s=start_s,
