@@ -99,6 +99,12 @@ def test_loop_detected_same_error_message() -> None:
     )
 
 
+def test_loop_detected_failures_message_names_the_switch() -> None:
+    exc = loop(Rule.FAILURES, hits=8, call_index=12, digest="")
+    assert str(exc).startswith("8 of the last 10 calls, up to search_docs at call 12, failed;")
+    assert "LoopPolicy(failure_share=...)" in str(exc)
+
+
 def test_loop_detected_without_digest_has_no_sig() -> None:
     assert "sig" not in str(loop(Rule.REPETITION, digest=""))
 

@@ -172,9 +172,15 @@ def _loop_message(
         )
     if rule is Rule.REVISIT:
         return (
-            f"the last {hits} calls, up to {tool} at call {call_index}, each repeated an earlier "
+            f"{hits} of the last calls, up to {tool} at call {call_index}, each repeated an earlier "
             "call and got the same result; tell the model it is going in circles, or raise "
-            "LoopPolicy(revisit=...)"
+            "LoopPolicy(revisit=..., revisit_share=...)"
+        )
+    if rule is Rule.FAILURES:
+        return (
+            f"{hits} of the last {window} calls, up to {tool} at call {call_index}, failed; fix "
+            "the environment or report it instead of trying variations, or raise "
+            "LoopPolicy(failure_share=...)"
         )
     if rule is Rule.SAME_ERROR:
         return (

@@ -215,3 +215,24 @@ def test_schedule_of_minimum_gaps() -> None:
     assert r.min_gap_s(4) == 8.0
     tolerant = RetryPolicy(interval_s=2, backoff_rate=2, tolerance_s=0.5)
     assert tolerant.min_gap_s(3) == 3.5
+
+
+@pytest.mark.parametrize("value", [0, -0.5, 1.5, True, "0.8"])
+@pytest.mark.parametrize("name", ["revisit_share", "failure_share"])
+def test_shares_are_validated(name: str, value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        LoopPolicy(**{name: value})
+    assert info.value.field == name
+
+
+def test_share_count_rounds_up_with_a_floor_of_two() -> None:
+    assert LoopPolicy().share_count(0.8) == 8
+    assert LoopPolicy(window=5).share_count(0.8) == 4
+    assert LoopPolicy(window=7).share_count(0.7) == 5
+    assert LoopPolicy(window=4).share_count(0.1) == 2
+    assert LoopPolicy().share_count(1) == 10
+
+
+def test_seed_preset_has_the_calibrated_extras_off() -> None:
+    seed = LoopPolicy.preset("seed")
+    assert (seed.revisit_share, seed.failure_share) == (None, None)

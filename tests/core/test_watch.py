@@ -21,7 +21,13 @@ from tripwire.testing import deep_sizeof, make_calls
 # The rules exactly as issue 2 states them (period 2..3, no calibrated extras), next to the
 # shipped defaults: the issue's scenarios must hold under both.
 ISSUE = LoopPolicy(
-    name="issue2", max_period=3, same_error=None, revisit=None, result_evidence="polling"  # type: ignore[arg-type]
+    name="issue2",
+    max_period=3,
+    same_error=None,
+    revisit=None,
+    revisit_share=None,
+    failure_share=None,
+    result_evidence="polling",  # type: ignore[arg-type]
 )
 BOTH = pytest.mark.parametrize("policy", [ISSUE, DEFAULT_POLICY], ids=["issue2", "default"])
 
@@ -683,3 +689,83 @@ def test_state_after_ten_calls_is_under_two_kilobytes() -> None:
     run = Run(DEFAULT_POLICY).feed(make_calls("ABCDEFGHIJ"))
     shared = (DEFAULT_POLICY, DEFAULT_POLICY.version, DEFAULT_NORMALIZER.version, run.current.reason)
     assert deep_sizeof(run.state, exclude=shared) <= 2048
+
+
+# -- failures and the windowed revisit rule (issue 7) --------------------------------------------
+
+
+def _failing(i: int, error: str = "command_not_found") -> ToolCall:
+    return ToolCall(tool=f"cmd_{i}", arguments={"i": i}, error_type=error)
+
+
+def _ok(i: int) -> ToolCall:
+    return ToolCall(tool=f"ok_{i}", arguments={"i": i}, result_digest=f"out{i}")
+
+
+def test_failures_rule_trips_when_eight_of_the_last_ten_calls_failed() -> None:
+    # Different commands, different error classes: no other rule sees a loop here.
+    errors = ["command_not_found", "timeout", "exception"]
+    calls = [_ok(0), _failing(1, errors[0]), _failing(2, errors[1]), _ok(3)]
+    calls += [_failing(i, errors[i % 3]) for i in range(4, 10)]  # failures 7 and 8 of 10
+    run = Run(DEFAULT_POLICY).feed(calls[:9])
+    assert run.trips == []  # 7 of the last 9
+    run.feed(calls[9:])
+    assert run.trips == [(10, Rule.FAILURES)]
+    assert (run.verdict, run.current.hits, run.current.window) == (Verdict.STUCK, 8, 10)
+    assert run.current.reason.startswith("8 of the last 10 calls, up to cmd_9, failed")
+
+
+def test_failures_rule_counts_only_the_last_window() -> None:
+    # Seven failures, then successes push the early ones out: the count never reaches 8.
+    errors = ["command_not_found", "timeout"]
+    calls = [_failing(i, errors[i % 2]) for i in range(7)] + [_ok(i) for i in range(7, 10)]
+    calls += [_failing(i, errors[i % 2]) for i in range(10, 14)]
+    run = Run(DEFAULT_POLICY).feed(calls)
+    assert run.trips == []
+    assert run.state.failed_recent == 7  # calls 5..7 and 11..14 of the last ten (5..14)
+
+
+def test_failures_rule_scales_with_the_window_and_can_be_switched_off() -> None:
+    policy = DEFAULT_POLICY.evolve(window=5)  # 0.8 of 5 = 4 failures
+    assert Run(policy).feed([_failing(i) for i in range(4)]).trips[:1] == [(4, Rule.FAILURES)]
+    assert Run(DEFAULT_POLICY.evolve(failure_share=None, same_error=None)).feed([_failing(i) for i in range(12)]).trips == []
+
+
+def test_failures_with_a_changing_progress_fingerprint_are_working() -> None:
+    calls = [ToolCall(tool=f"cmd_{i}", arguments={"i": i}, error_type="exception", progress=f"p{i}") for i in range(10)]
+    run = Run(DEFAULT_POLICY.evolve(same_error=None)).feed(calls)
+    assert run.verdict is Verdict.WORKING
+    assert run.current.rule is Rule.FAILURES
+    assert "progress fingerprint changed" in run.current.reason
+
+
+def _probe(i: int) -> ToolCall:
+    return ToolCall(tool="grep", arguments={"pattern": f"p{i}"}, result_digest="")
+
+
+def test_windowed_revisit_catches_revisits_interleaved_with_new_calls() -> None:
+    # Four searches, then the same four again and again with one new call between rounds: never
+    # six revisits in a row, but 8 of the last 10 calls repeat an earlier call and its result.
+    first = [_probe(i) for i in range(4)]
+    calls = first + [_ok(100)] + first + [_ok(101)] + first
+    policy = DEFAULT_POLICY.evolve(same_result=None)
+    run = Run(policy).feed(calls)
+    assert run.trips == [(14, Rule.REVISIT)]
+    assert run.current.hits == 8
+    assert run.current.reason.startswith("8 of the last 10 calls, ending with grep, each repeated")
+    assert Run(policy.evolve(revisit_share=None)).feed(calls).trips == []
+
+
+def test_a_rule_explained_away_does_not_hide_another_that_is_not() -> None:
+    # The same edit, first with one result then always with another: the repetition rule sees
+    # results that differ in its window (working), but from call 3 on every call repeats an
+    # earlier call with the same result; at call 8 that is six revisits in a row (stuck).
+    edit = {"path": "a.py", "line": 166, "text": "x = 1"}
+    calls = [ToolCall(tool="edit", arguments=edit, result_digest="r1")]
+    calls += [ToolCall(tool="edit", arguments=edit, result_digest="r2") for _ in range(7)]
+    run = Run(DEFAULT_POLICY.evolve(same_result=None)).feed(calls)
+    assert run.changes() == [(1, Verdict.WORKING), (8, Verdict.STUCK)]
+    assert run.current.rule is Rule.REVISIT
+    # With the revisit rules off, the repetition rule's evidence stands: working.
+    quiet = DEFAULT_POLICY.evolve(same_result=None, revisit=None, revisit_share=None)
+    assert Run(quiet).feed(calls).verdict is Verdict.WORKING

@@ -164,3 +164,10 @@ def test_overrides() -> None:
     assert "cursor" in norm.volatile_keys and "now" not in norm.volatile_keys
     same, same_norm = apply_overrides(base, DEFAULT_NORMALIZER)
     assert same is base and same_norm is DEFAULT_NORMALIZER
+
+
+def test_every_optional_rule_can_be_switched_off() -> None:
+    rules = ("max_period", "same_error", "same_result", "revisit", "revisit_share", "failure_share")
+    pf = parse_policy({"version": 1, "policy": dict.fromkeys(rules, "off")})
+    assert all(getattr(pf.policy, name) is None for name in rules)
+    assert parse_policy({"version": 1, "policy": {"failure_share": 0.9}}).policy.failure_share == 0.9

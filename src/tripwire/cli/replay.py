@@ -192,7 +192,7 @@ def _table(results: Sequence[TraceResult], policy_version: str, normalizer_versi
             sig = f" {trip.digest[:8]}…" if trip.digest else ""
             if trip.rule is Rule.PERIOD:
                 repeated = Text(f"cycle of {trip.period} ending {trip.tool}{sig} x{trip.hits}")
-            elif trip.rule is Rule.SAME_ERROR:
+            elif trip.rule in (Rule.SAME_ERROR, Rule.FAILURES):
                 repeated = Text(f"{trip.hits} failures ending {trip.tool}")
             else:
                 repeated = Text(f"{trip.tool}{sig} x{trip.hits}")

@@ -8,6 +8,7 @@ worked out at construction.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
@@ -113,7 +114,8 @@ class LoopPolicy:
 
     The defaults are calibrated on 768 real recorded agent runs (issue 7; README, "How well it
     works"): results count as evidence for every tool (``result_evidence="all"``), cycles up to
-    8 calls (``max_period=8``), ``same_error=5``, ``same_result=8`` and ``revisit=6`` are on. They deliberately
+    8 calls (``max_period=8``), ``same_error=5``, ``same_result=8``, ``revisit=6``, ``revisit_share=0.8``
+    and ``failure_share=0.8`` are on. They deliberately
     differ from the first design's ``max_period=3`` with polling-only result evidence; the plain
     repetition rule is the ``seed`` preset (:data:`SEED_POLICY`), and :class:`LoopDetector`
     keeps ``max_period=3`` with no evidence.
@@ -142,6 +144,14 @@ class LoopPolicy:
     *and* get the same result it got (``None`` = off; needs recorded results)."""
     revisit_memory: int = 32
     """How many distinct (call, result) pairs the revisit rule remembers per run."""
+    revisit_share: float | None = 0.8
+    """Also trip the revisit rule when at least this share of the last ``window`` calls (8 of
+    10 by default) each repeated an earlier call and got the same result, consecutive or not
+    (``None`` = off; needs recorded results)."""
+    failure_share: float | None = 0.8
+    """Trip when at least this share of the last ``window`` calls (8 of 10 by default) failed,
+    whatever the tools, arguments and error classes: a run fighting a broken environment
+    (``None`` = off)."""
     result_evidence: ResultEvidence = ResultEvidence.ALL
     """Whose changed results count as progress: none, polling tools only, or every tool."""
     polling_tools: frozenset[str] = frozenset()
@@ -189,6 +199,12 @@ class LoopPolicy:
         if self.revisit is not None:
             _positive_int("revisit", self.revisit, 2)
         _positive_int("revisit_memory", self.revisit_memory)
+        for name in ("revisit_share", "failure_share"):
+            share = getattr(self, name)
+            if share is not None and (
+                isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1
+            ):
+                raise ConfigError(name, share, "a share of the window, above 0 and at most 1, or None")
         if self.name_only not in ("uncertain", "stuck"):
             raise ConfigError("name_only", self.name_only, "'uncertain' or 'stuck'")
         _positive_int("max_lease_renewals", self.max_lease_renewals, 0)
@@ -220,6 +236,10 @@ class LoopPolicy:
     def evolve(self, **changes: Any) -> LoopPolicy:
         """A copy with ``changes`` applied (validated again)."""
         return replace(self, **changes)
+
+    def share_count(self, share: float) -> int:
+        """How many of the last ``window`` calls a share of the window is (at least 2)."""
+        return max(2, math.ceil(share * self.window - 1e-9))
 
     def retry_for(self, tool: str) -> RetryPolicy | None:
         """The retry policy that applies to ``tool``, if any."""
@@ -257,6 +277,8 @@ SEED_POLICY: Final = LoopPolicy(
     same_error=None,
     same_result=None,
     revisit=None,
+    revisit_share=None,
+    failure_share=None,
     result_evidence=ResultEvidence.OFF,
     name_only="stuck",
 )

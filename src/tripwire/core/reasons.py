@@ -40,8 +40,12 @@ class Rule(str, Enum):
     """Consecutive calls of one tool keep getting the same result, whatever their arguments:
     the agent varies the call but learns nothing new."""
     REVISIT = "revisit"
-    """Consecutive calls each repeat an earlier call of the run and get the same result it got:
-    activity without new evidence, in a cycle too long for the window."""
+    """Consecutive calls (or most of the recent ones) each repeat an earlier call of the run and
+    get the same result it got: activity without new evidence, in a cycle too long for the
+    window."""
+    FAILURES = "failures"
+    """Most of the recent calls failed, whatever their tools, arguments and errors: a run
+    fighting a broken environment instead of making progress."""
 
 
 class ArgsKind(str, Enum):

@@ -18,12 +18,14 @@ When a rule trips, the verdict is decided in this order (DESIGN.md, job 2):
 A call repeated with the same arguments after an error explicitly marked non-retryable is
 ``stuck`` at once (rule ``retry_of_non_retryable``), whatever the threshold or ``confirm``.
 
-Two further rules, calibrated on real agent runs (see the README, "How well it works"):
+Further rules, calibrated on real agent runs (see the README, "How well it works"):
 ``same_error`` (consecutive calls failing with the same error class, whatever the arguments:
-fighting a broken toolchain) and ``revisit`` (consecutive calls that each repeat an earlier
-call of the run and get the same result: a cycle too long for the window). Results are not
-evidence for either: a changing error message is not progress, and a revisit is by definition
-the same result again.
+fighting a broken toolchain), ``failures`` (most of the last ``window`` calls failed, whatever
+the error), ``same_result`` (consecutive calls of one tool getting the same result) and
+``revisit`` (consecutive calls, or most of the last ``window``, that each repeat an earlier call
+of the run and get the same result: a cycle too long for the window). Results are not evidence
+for these: a changing error message is not progress, and a revisit is by definition the same
+result again.
 
 A ``stuck``/``uncertain`` verdict stays in force until a whole window of calls passes without
 any rule tripping: a single different call inside a loop is not a recovery.
@@ -46,7 +48,9 @@ __all__ = ["Assessment", "RunState", "evaluate"]
 
 _MASK64: Final = (1 << 64) - 1
 
-_RESULTS_ARE_NOT_EVIDENCE: Final = frozenset({Rule.SAME_ERROR, Rule.SAME_RESULT, Rule.REVISIT})
+_RESULTS_ARE_NOT_EVIDENCE: Final = frozenset(
+    {Rule.SAME_ERROR, Rule.SAME_RESULT, Rule.REVISIT, Rule.FAILURES}
+)
 
 _Failure = tuple[str | None, bool | None, float | None, int, int]
 """The last failure of one signature: error class, retryable flag, end time, consecutive failed
@@ -120,6 +124,7 @@ class RunState:
         "counts",
         "current",
         "error_run",
+        "failed_recent",
         "failures",
         "keys",
         "last_error",
@@ -127,11 +132,13 @@ class RunState:
         "last_tool",
         "last_trip",
         "lease",
+        "marks",
         "outcome_run",
         "progress",
         "recent",
         "results",
         "revisit_run",
+        "revisits_recent",
         "runs",
         "seen",
         "seen_at",
@@ -168,6 +175,13 @@ class RunState:
         """Consecutive calls of the same tool that got the same result (same-result rule)."""
         self.revisit_run = 0
         """Consecutive calls that repeated an earlier call and got the same result."""
+        self.marks: bytearray | None = None
+        """Ring of per-call marks, parallel to ``keys`` (bit 0: failed; bit 1: a revisit),
+        allocated on the first failure or revisit."""
+        self.failed_recent = 0
+        """Failed calls among the last ``window`` (bit 0 of ``marks``)."""
+        self.revisits_recent = 0
+        """Revisits among the last ``window`` (bit 1 of ``marks``)."""
         self.error_run = 0
         """Consecutive failed calls with the same error class."""
         self.last_error: str | None = None
@@ -249,17 +263,22 @@ def evaluate(
     hits = _push(state, policy, key, slot, call)
     if prior is not None or call.error_type is not None or call.retryable is False:
         _remember_failure(state, args_key, call, prior)
-    if policy.revisit is not None:
+    if policy.revisit is not None or policy.revisit_share is not None:
         if call.result_digest is None:
             state.revisit_run = 0
-        else:
-            _track_revisit(state, policy, args_key, call.result_digest)
+        elif _track_revisit(state, policy, args_key, call.result_digest):
+            marks = state.marks
+            if marks is None:
+                marks = state.marks = bytearray(window)
+            marks[slot] |= 2
+            state.revisits_recent += 1
 
-    # --- the rules ----------------------------------------------------------------------
-    rule: Rule | None = None
-    period = 0
+    # --- the rules: every rule that trips, in order; evidence that explains one rule away does
+    # not explain away another (a repeated edit whose results changed once may still be part of
+    # a run that keeps revisiting the same results) -----------------------------------------
+    trips: list[tuple[Rule, int, int, bool]] = []
     if hits >= policy.threshold:
-        rule, period = Rule.REPETITION, 1
+        trips.append((Rule.REPETITION, 1, hits, False))
     elif state.runs and policy.max_period is not None:
         runs = state.runs
         # A cycle whose unit is one call repeated (all of its last p - 1 steps equal to their
@@ -269,21 +288,28 @@ def evaluate(
         for p in sorted(runs):
             run = runs[p]
             if p >= 2 and run >= need * p and same < p - 1:
-                rule, period = Rule.PERIOD, p
-                hits = run // p + 1
+                trips.append((Rule.PERIOD, p, run // p + 1, False))
                 break
-    if rule is None and policy.same_error is not None and state.error_run >= policy.same_error:
-        rule, period, hits = Rule.SAME_ERROR, 1, state.error_run
-    if (
-        rule is None
-        and policy.same_result is not None
-        and state.outcome_run >= policy.same_result
+    if policy.same_error is not None and state.error_run >= policy.same_error:
+        trips.append((Rule.SAME_ERROR, 1, state.error_run, False))
+    if policy.same_result is not None and state.outcome_run >= policy.same_result:
+        trips.append((Rule.SAME_RESULT, 1, state.outcome_run, False))
+    if policy.revisit is not None and state.revisit_run >= policy.revisit:
+        trips.append((Rule.REVISIT, 1, state.revisit_run, False))
+    elif (
+        state.revisits_recent >= 2
+        and policy.revisit_share is not None
+        and state.revisits_recent >= policy.share_count(policy.revisit_share)
     ):
-        rule, period, hits = Rule.SAME_RESULT, 1, state.outcome_run
-    if rule is None and policy.revisit is not None and state.revisit_run >= policy.revisit:
-        rule, period, hits = Rule.REVISIT, 1, state.revisit_run
+        trips.append((Rule.REVISIT, 1, state.revisits_recent, True))
+    if (
+        state.failed_recent >= 2
+        and policy.failure_share is not None
+        and state.failed_recent >= policy.share_count(policy.failure_share)
+    ):
+        trips.append((Rule.FAILURES, 1, state.failed_recent, True))
 
-    if rule is None:
+    if not trips:
         state.confirm_streak = 0
         current = state.current
         if (
@@ -297,9 +323,17 @@ def evaluate(
         return _set(state, _working(call, index, policy, normalizer))
 
     state.last_trip = index
-    assessment = _decide(
-        state, call, sig, key, policy, normalizer, rule, period, hits, index, now_s, prior
-    )
+    assessment: Assessment | None = None
+    for rule, period, rule_hits, windowed in trips:
+        decided = _decide(
+            state, call, sig, key, policy, normalizer, rule, period, rule_hits, index, now_s,
+            prior, windowed,
+        )
+        if assessment is None or decided.verdict is not Verdict.WORKING:
+            assessment = decided
+        if decided.verdict is not Verdict.WORKING:
+            break
+    assert assessment is not None
     if assessment.verdict is Verdict.STUCK and policy.confirm > 1:
         state.confirm_streak += 1
         if state.confirm_streak < policy.confirm:
@@ -369,12 +403,23 @@ def _push(state: RunState, policy: LoopPolicy, key: int, slot: int, call: ToolCa
             progress = state.progress = [None] * window
         progress[slot] = call.progress
 
-    if call.error_type is not None:
+    failed = call.error_type is not None
+    if failed:
         state.error_run = state.error_run + 1 if call.error_type == state.last_error else 1
         state.last_error = call.error_type
     else:
         state.error_run = 0
         state.last_error = None
+    marks = state.marks
+    if marks is not None or failed:
+        if marks is None:
+            marks = state.marks = bytearray(window)
+        old = marks[slot]
+        if old:
+            state.failed_recent -= old & 1
+            state.revisits_recent -= old >> 1
+        marks[slot] = failed
+        state.failed_recent += failed
 
     digest = call.result_digest
     if digest is not None and digest == state.last_result and call.tool == state.last_tool:
@@ -386,8 +431,9 @@ def _push(state: RunState, policy: LoopPolicy, key: int, slot: int, call: ToolCa
     return hits
 
 
-def _track_revisit(state: RunState, policy: LoopPolicy, args_key: int, result_digest: str) -> None:
-    """Count consecutive calls whose (signature, result) pair was seen before in the run."""
+def _track_revisit(state: RunState, policy: LoopPolicy, args_key: int, result_digest: str) -> bool:
+    """Count consecutive calls whose (signature, result) pair was seen before in the run;
+    True when this call is such a revisit."""
     seen = state.seen
     if seen is None:
         seen = state.seen = bytearray(8 * policy.revisit_memory)
@@ -397,11 +443,12 @@ def _track_revisit(state: RunState, policy: LoopPolicy, args_key: int, result_di
         at = seen.find(packed, at + 1)
     if at >= 0:
         state.revisit_run += 1
-        return
+        return True
     state.revisit_run = 0
     slot = state.seen_at
     seen[slot * 8 : slot * 8 + 8] = packed
     state.seen_at = (slot + 1) % policy.revisit_memory
+    return False
 
 
 def _remember_failure(
@@ -424,9 +471,13 @@ def _remember_failure(
         failures.pop(args_key, None)
 
 
-def _repeated_slots(state: RunState, key: int, rule: Rule, period: int, hits: int, window: int) -> list[int]:
+def _repeated_slots(
+    state: RunState, key: int, rule: Rule, period: int, hits: int, window: int, windowed: bool
+) -> list[int]:
     """Ring slots of the calls that form the repetition, oldest first."""
     index = state.calls
+    if windowed:  # a share of the window: the whole window is the repetition
+        return [(index - 1 - back) % window for back in range(min(index, window) - 1, -1, -1)]
     if rule is Rule.REPETITION:
         span = min(index, window)
         slots = [(index - 1 - back) % window for back in range(span - 1, -1, -1)]
@@ -448,6 +499,7 @@ def _decide(
     index: int,
     now_s: float | None,
     prior: _Failure | None,
+    windowed: bool = False,
 ) -> Assessment:
     window = policy.window
 
@@ -467,7 +519,7 @@ def _decide(
             normalizer_version=normalizer.version,
         )
 
-    what = _describe(rule, call.tool, hits, period, window)
+    what = _describe(rule, call.tool, hits, period, window, windowed)
 
     # 1. a valid dependency lease
     lease = call.lease or state.lease
@@ -496,7 +548,7 @@ def _decide(
                 )
 
     # 3. evidence
-    slots = _repeated_slots(state, key, rule, period, hits, window)
+    slots = _repeated_slots(state, key, rule, period, hits, window, windowed)
     progress = state.progress
     if progress is not None:
         fingerprints = [progress[s] for s in slots if progress[s] is not None]
@@ -546,7 +598,14 @@ def _results_changed(results: array[int], slots: list[int], rule: Rule, period: 
     return len(distinct) > 1
 
 
-def _describe(rule: Rule, tool: str, hits: int, period: int, window: int) -> str:
+def _describe(rule: Rule, tool: str, hits: int, period: int, window: int, windowed: bool = False) -> str:
+    if rule is Rule.FAILURES:
+        return f"{hits} of the last {window} calls, up to {tool}, failed"
+    if rule is Rule.REVISIT and windowed:
+        return (
+            f"{hits} of the last {window} calls, ending with {tool}, each repeated an earlier call "
+            "and got the same result"
+        )
     if rule is Rule.PERIOD:
         return f"a cycle of {period} calls ending with {tool} repeated {hits}×"
     if rule is Rule.SAME_RESULT:

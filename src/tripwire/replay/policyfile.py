@@ -11,7 +11,8 @@
     key = "tool+args"               # or "tool"
     max_period = 3                  # or "off"
     min_repeats = 3
-    same_error = "off"              # or an integer >= 2
+    same_error = "off"              # or an integer >= 2 (likewise same_result, revisit)
+    failure_share = 0.8             # or "off"; a share of the window (likewise revisit_share)
     result_evidence = "polling"     # "off", "polling" or "all"
     polling_tools = ["get_job_status"]
     require_evidence = false
@@ -68,7 +69,15 @@ SUPPORTED_VERSIONS: Final = (1,)
 """Policy file versions this tripwire reads."""
 
 _TOP_KEYS: Final = ("version", "preset", "policy", "normalizer")
-_OPTIONAL_INTS: Final = ("max_period", "same_error")
+_OPTIONAL_RULES: Final = (
+    "max_period",
+    "same_error",
+    "same_result",
+    "revisit",
+    "revisit_share",
+    "failure_share",
+)
+"""Policy fields whose rule ``"off"`` (or ``false``) turns off."""
 _POLICY_KEYS: Final = tuple(f.name for f in fields(LoopPolicy) if f.init)
 _RETRY_KEYS: Final = tuple(f.name for f in fields(RetryPolicy) if f.init)
 _NORMALIZER_KEYS: Final = ("volatile_keys_add", "volatile_keys_remove", "max_bytes")
@@ -149,7 +158,7 @@ def parse_policy(data: Mapping[str, Any], source: str = "<string>") -> PolicyFil
     changes: dict[str, Any] = {}
     for key, value in policy_table.items():
         where = f"policy.{key}"
-        if key in _OPTIONAL_INTS and _is_off(value):
+        if key in _OPTIONAL_RULES and _is_off(value):
             changes[key] = None
         elif key == "polling_tools":
             changes[key] = frozenset(_string_list(where, value))
