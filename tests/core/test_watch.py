@@ -747,7 +747,7 @@ def test_windowed_revisit_catches_revisits_interleaved_with_new_calls() -> None:
     # Four searches, then the same four again and again with one new call between rounds: never
     # six revisits in a row, but 8 of the last 10 calls repeat an earlier call and its result.
     first = [_probe(i) for i in range(4)]
-    calls = first + [_ok(100)] + first + [_ok(101)] + first
+    calls = [*first, _ok(100), *first, _ok(101), *first]
     policy = DEFAULT_POLICY.evolve(same_result=None)
     run = Run(policy).feed(calls)
     assert run.trips == [(14, Rule.REVISIT)]

@@ -173,6 +173,10 @@ class LoopPolicy:
     collectors). Never delays ``retry_of_non_retryable``."""
     version: str = field(init=False, compare=False)
     """A stable digest of every field above: record it with every verdict."""
+    trip_limits: tuple[int, int, int, int, int, int] = field(init=False, compare=False, repr=False)
+    """The counts at which the repetition, same-error, same-result, revisit (in a row and in the
+    window) and failures rules trip, with rules that are off as a count never reached: the
+    watcher's per-call check that no rule tripped is six integer comparisons."""
 
     def __post_init__(self) -> None:
         _positive_int("window", self.window)
@@ -217,11 +221,24 @@ class LoopPolicy:
             raise ConfigError("retry", self.retry, "a RetryPolicy or None")
         object.__setattr__(self, "retry_per_tool", MappingProxyType(dict(self.retry_per_tool)))
         object.__setattr__(self, "version", f"{POLICY_SCHEME}:{self.name}:{self._digest()}")
+        never = self.window + 1 + (1 << 62)
+        object.__setattr__(
+            self,
+            "trip_limits",
+            (
+                self.threshold,
+                never if self.same_error is None else self.same_error,
+                never if self.same_result is None else self.same_result,
+                never if self.revisit is None else self.revisit,
+                never if self.revisit_share is None else self.share_count(self.revisit_share),
+                never if self.failure_share is None else self.share_count(self.failure_share),
+            ),
+        )
 
     def _digest(self) -> str:
         parts: list[str] = []
         for f in fields(self):
-            if f.name in ("version", "name"):
+            if f.name in ("version", "name", "trip_limits"):
                 continue
             value = getattr(self, f.name)
             if isinstance(value, (frozenset, set)):

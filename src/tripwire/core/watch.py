@@ -56,6 +56,11 @@ _Failure = tuple[str | None, bool | None, float | None, int, int]
 """The last failure of one signature: error class, retryable flag, end time, consecutive failed
 attempts, and the 1-based index of the call that failed."""
 
+_TOOL_ARGS: Final = KeyMode.TOOL_ARGS
+_WORKING: Final = Verdict.WORKING
+_STUCK: Final = Verdict.STUCK
+_UNCERTAIN: Final = Verdict.UNCERTAIN
+
 _NO_RUNS: Final[dict[int, int]] = {}
 """The shared empty period-run table (never mutated: a non-empty table is always a new dict)."""
 
@@ -222,9 +227,9 @@ def evaluate(
         The assessment when the verdict changed at this call, else ``None``; the verdict in
         force is always ``state.current``.
     """
-    sig = signature or normalizer.signature(call.tool, call.arguments)
+    sig = normalizer.signature(call.tool, call.arguments) if signature is None else signature
     args_key = sig.key
-    key = args_key if policy.key is KeyMode.TOOL_ARGS else normalizer.tool_signature(call.tool).key
+    key = args_key if policy.key is _TOOL_ARGS else normalizer.tool_signature(call.tool).key
     window = policy.window
     state.calls = index = state.calls + 1
     slot = (index - 1) % window
@@ -276,6 +281,27 @@ def evaluate(
     # --- the rules: every rule that trips, in order; evidence that explains one rule away does
     # not explain away another (a repeated edit whose results changed once may still be part of
     # a run that keeps revisiting the same results) -----------------------------------------
+    limits = policy.trip_limits
+    if (
+        hits < limits[0]
+        and not state.runs
+        and state.error_run < limits[1]
+        and state.outcome_run < limits[2]
+        and state.revisit_run < limits[3]
+        and state.revisits_recent < limits[4]
+        and state.failed_recent < limits[5]
+    ):
+        # No rule tripped (the common case).
+        state.confirm_streak = 0
+        current = state.current
+        if current is not None:
+            verdict = current.verdict
+            if verdict is _WORKING:
+                return None
+            if index - state.last_trip < window and (verdict is _STUCK or verdict is _UNCERTAIN):
+                return None  # a loop verdict holds until a whole window passes without a trip
+        return _set(state, _working(call, index, policy, normalizer))
+
     trips: list[tuple[Rule, int, int, bool]] = []
     if hits >= policy.threshold:
         trips.append((Rule.REPETITION, 1, hits, False))
@@ -290,36 +316,27 @@ def evaluate(
             if p >= 2 and run >= need * p and same < p - 1:
                 trips.append((Rule.PERIOD, p, run // p + 1, False))
                 break
-    if policy.same_error is not None and state.error_run >= policy.same_error:
+    if state.error_run >= limits[1]:
         trips.append((Rule.SAME_ERROR, 1, state.error_run, False))
-    if policy.same_result is not None and state.outcome_run >= policy.same_result:
+    if state.outcome_run >= limits[2]:
         trips.append((Rule.SAME_RESULT, 1, state.outcome_run, False))
-    if policy.revisit is not None and state.revisit_run >= policy.revisit:
+    if state.revisit_run >= limits[3]:
         trips.append((Rule.REVISIT, 1, state.revisit_run, False))
-    elif (
-        state.revisits_recent >= 2
-        and policy.revisit_share is not None
-        and state.revisits_recent >= policy.share_count(policy.revisit_share)
-    ):
+    elif state.revisits_recent >= limits[4]:
         trips.append((Rule.REVISIT, 1, state.revisits_recent, True))
-    if (
-        state.failed_recent >= 2
-        and policy.failure_share is not None
-        and state.failed_recent >= policy.share_count(policy.failure_share)
-    ):
+    if state.failed_recent >= limits[5]:
         trips.append((Rule.FAILURES, 1, state.failed_recent, True))
 
     if not trips:
+        # Only a period run that is not yet a cycle: no rule tripped.
         state.confirm_streak = 0
         current = state.current
-        if (
-            current is not None
-            and current.verdict in (Verdict.STUCK, Verdict.UNCERTAIN)
-            and index - state.last_trip < window
-        ):
-            return None  # a loop verdict holds until a whole window passes without a trip
-        if current is not None and current.verdict is Verdict.WORKING:
-            return None
+        if current is not None:
+            verdict = current.verdict
+            if verdict is _WORKING:
+                return None
+            if index - state.last_trip < window and (verdict is _STUCK or verdict is _UNCERTAIN):
+                return None
         return _set(state, _working(call, index, policy, normalizer))
 
     state.last_trip = index
