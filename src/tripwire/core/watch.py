@@ -408,27 +408,29 @@ def _push(state: RunState, policy: LoopPolicy, key: int, slot: int, call: ToolCa
     recent.pop()
     window = len(keys)
 
-    if call.result_digest is not None or state.results is not None:
+    digest = call.result_digest
+    if digest is not None or state.results is not None:
         results = state.results
         if results is None:
             results = state.results = array("q", bytes(8 * window))
         # 0 marks "no result"; a digest hashing to 0 is stored as 1 (a harmless collision).
-        results[slot] = (hash(call.result_digest) or 1) if call.result_digest is not None else 0
+        results[slot] = (hash(digest) or 1) if digest is not None else 0
     if call.progress is not None or state.progress is not None:
         progress = state.progress
         if progress is None:
             progress = state.progress = [None] * window
         progress[slot] = call.progress
 
-    failed = call.error_type is not None
-    if failed:
-        state.error_run = state.error_run + 1 if call.error_type == state.last_error else 1
-        state.last_error = call.error_type
-    else:
+    error = call.error_type
+    if error is not None:
+        state.error_run = state.error_run + 1 if error == state.last_error else 1
+        state.last_error = error
+    elif state.error_run:
         state.error_run = 0
         state.last_error = None
     marks = state.marks
-    if marks is not None or failed:
+    if marks is not None or error is not None:
+        failed = error is not None
         if marks is None:
             marks = state.marks = bytearray(window)
         old = marks[slot]
@@ -438,13 +440,18 @@ def _push(state: RunState, policy: LoopPolicy, key: int, slot: int, call: ToolCa
         marks[slot] = failed
         state.failed_recent += failed
 
-    digest = call.result_digest
-    if digest is not None and digest == state.last_result and call.tool == state.last_tool:
-        state.outcome_run += 1
-    else:
-        state.outcome_run = 0 if digest is None else 1
-    state.last_tool = call.tool
-    state.last_result = digest
+    # Same-result streak: only a recorded result can continue or start one.
+    if digest is not None:
+        tool = call.tool
+        if digest == state.last_result and tool == state.last_tool:
+            state.outcome_run += 1
+        else:
+            state.outcome_run = 1
+        state.last_tool = tool
+        state.last_result = digest
+    elif state.last_result is not None or state.outcome_run:
+        state.outcome_run = 0
+        state.last_result = None
     return hits
 
 
