@@ -7,8 +7,10 @@ processor that already exports the spans::
         TripwireSpanProcessor(BatchSpanProcessor(OTLPSpanExporter()))
     )
 
-For each finished span it asks :func:`~tripwire.otel.conventions.classify` what the span is
-(a few dict lookups; non-agent spans stop there). A tool span is mapped to a
+For each finished span it asks what the span is: four key tests on the SDK's attribute dict
+and one substring test on the name reject a span that is no agent span (most spans stop
+there, having cost about as much as one Python call); the others go to
+:func:`~tripwire.otel.conventions.classify`. A tool span is mapped to a
 :class:`~tripwire.core.events.ToolCall` and fed to that trace's loop watcher
 (:func:`tripwire.core.watch.evaluate`). When the verdict of a run changes, the processor
 
@@ -77,10 +79,10 @@ from __future__ import annotations
 
 import logging
 import math
+import struct
 import threading
 import time
 import warnings
-from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -118,9 +120,9 @@ from tripwire.otel.conventions import (
     SpanRole,
     SpanView,
     _int,
+    _tool_call,
     classify,
     map_model_span,
-    map_tool_span,
 )
 from tripwire.otel.killswitch import KILL_FLAGS, KillFlags
 from tripwire.prices import PriceFn, genai_price
@@ -176,6 +178,7 @@ _MAX_PLANS: Final = 1024
 
 _EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 _HAS_PARENT: Final = "parent"  # classify() only tests ``parent_span_id is None``
+_ERROR: Final = StatusCode.ERROR
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -327,6 +330,10 @@ class _Budget:
         )
 
 
+_pack_hash: Final = struct.Struct("<q").pack
+_CALL_ID_BYTES: Final = 8 * CALL_ID_MEMORY
+
+
 class _Run:
     """The per-trace state: the watcher's ring, recent call ids, last activity, budget."""
 
@@ -336,23 +343,26 @@ class _Run:
         self.state = state
         """The loop watcher (``None`` until the trace's first tool call, with budgets)."""
         self.last_seen = now
-        self.call_ids: array[int] | None = None
-        """Ring of hashes of recent call ids (allocated at the first call id)."""
+        self.call_ids: bytes | None = None
+        """The hashes of the last ``CALL_ID_MEMORY`` call ids, 8 bytes each, oldest first
+        (allocated at the first call id). ``bytes`` rather than an ``array``: ``bytes.find``
+        searches in C where ``in`` on an array makes an ``int`` of every element."""
         self.budget: _Budget | None = None
         """Budget counters (only with ``limits``)."""
 
     def seen_call(self, call_id: str) -> bool:
         """True if ``call_id`` was counted recently; else remember it and return False."""
-        h = hash(call_id)
+        key = _pack_hash(hash(call_id))
         ids = self.call_ids
         if ids is None:
-            self.call_ids = array("q", (h,))
+            self.call_ids = key
             return False
-        if h in ids:
-            return True
-        if len(ids) >= CALL_ID_MEMORY:
-            del ids[0]
-        ids.append(h)
+        at = ids.find(key)
+        while at >= 0:
+            if not at & 7:  # a whole entry, not bytes straddling two
+                return True
+            at = ids.find(key, at + 1)
+        self.call_ids = (ids[8:] if len(ids) >= _CALL_ID_BYTES else ids) + key
         return False
 
 
@@ -459,6 +469,16 @@ class TripwireSpanProcessor(SpanProcessor):
         """Counters (tool calls, duplicates, verdict changes, evictions, errors)."""
         self.mapping_stats = MappingStats()
         """Counters of the span mapping (malformed tool spans are counted here)."""
+        if inner is not None:
+            # The SDK calls on_start and _on_ending on every processor for every span, and
+            # tripwire only forwards them: hand the SDK the wrapped processor's own methods (one
+            # call per span instead of two). Not when a subclass overrides them.
+            cls = type(self)
+            if cls.on_start is TripwireSpanProcessor.on_start:
+                self.on_start = inner.on_start  # type: ignore[method-assign]
+            ending = getattr(inner, "_on_ending", None)
+            if ending is not None and cls._on_ending is TripwireSpanProcessor._on_ending:
+                self._on_ending = ending  # type: ignore[method-assign]
 
     # -- introspection ---------------------------------------------------------------------
 
@@ -496,7 +516,12 @@ class TripwireSpanProcessor(SpanProcessor):
     # -- SpanProcessor -----------------------------------------------------------------------
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        """Forward to the wrapped processor; tripwire judges finished spans only."""
+        """Forward to the wrapped processor; tripwire judges finished spans only.
+
+        With a wrapped processor, the constructor replaces this method by the wrapped one's
+        ``on_start`` on the instance (and ``_on_ending`` likewise): the SDK then calls it
+        directly.
+        """
         inner = self._inner
         if inner is not None:
             inner.on_start(span, parent_context=parent_context)
@@ -514,8 +539,39 @@ class TripwireSpanProcessor(SpanProcessor):
         """
         out = span
         if not self._shutdown:
+            s: Any = span
             try:
-                out = self._observe(span)
+                try:
+                    # An SDK span, read without its properties (see _attributes_of): the plain
+                    # attribute dict, the name, the parent. A duck-typed span, or one whose name
+                    # is not a string, takes the general path (_observe).
+                    attrs = s._attributes._dict
+                    name = s._name
+                    parent = s._parent
+                    named_tool = "tool" in name
+                except (AttributeError, TypeError):
+                    attrs = None
+                if type(attrs) is not dict:
+                    out = self._observe(span)
+                elif "gen_ai.operation.name" in attrs:
+                    if attrs["gen_ai.operation.name"] == "execute_tool":  # classify()'s first rule
+                        out = self._tool(span, attrs, name)
+                        if parent is None or parent.is_remote:
+                            self._end_run(span)
+                    else:
+                        out = self._agent_span(span, attrs, name, parent)
+                elif (
+                    # The other keys classify() reads, and the one substring both of its name
+                    # rules need: a span with none of them is no agent span (most spans stop
+                    # here; tests/otel/test_fast_paths.py pins the agreement with classify).
+                    "openinference.span.kind" in attrs
+                    or "traceloop.span.kind" in attrs
+                    or "gen_ai.tool.name" in attrs
+                    or named_tool
+                ):
+                    out = self._agent_span(span, attrs, name, parent)
+                elif parent is None or parent.is_remote:
+                    self._end_run(span)
             except Exception as exc:
                 # The agent-facing boundary: the SDK does not catch exceptions from on_end, so
                 # anything raised here would escape from the agent's span.end() and skip the
@@ -573,23 +629,32 @@ class TripwireSpanProcessor(SpanProcessor):
     # -- the hot path ----------------------------------------------------------------------------
 
     def _observe(self, span: ReadableSpan) -> ReadableSpan:
-        # _attributes_of(), inlined: this line runs for every span the provider ends.
-        attrs: Mapping[str, Any] = getattr(getattr(span, "_attributes", None), "_dict", None)  # type: ignore[assignment]
-        if type(attrs) is not dict:
-            attrs = _attributes_of(span)
-        parent = span.parent
-        role = classify(attrs, span.name, None if parent is None else _HAS_PARENT)
+        """The general path, through the public ``ReadableSpan`` API (any duck-typed span)."""
+        return self._agent_span(span, _attributes_of(span), span.name, span.parent)
+
+    def _agent_span(
+        self,
+        span: ReadableSpan,
+        attrs: Mapping[str, Any],
+        name: str,
+        parent: trace_api.SpanContext | None,
+    ) -> ReadableSpan:
+        root = parent is None or parent.is_remote
+        if attrs.get("gen_ai.operation.name") == "execute_tool":  # classify()'s first rule
+            role = SpanRole.TOOL
+        else:
+            role = classify(attrs, name, None if parent is None else _HAS_PARENT)
         if role is SpanRole.OTHER:
-            if parent is None or parent.is_remote:
+            if root:
                 self._end_run(span)
             return span
         if role is SpanRole.TOOL:
-            out = self._tool(span, attrs)
-            if parent is None or parent.is_remote:
+            out = self._tool(span, attrs, name)
+            if root:
                 self._end_run(span)
             return out
         if role is SpanRole.RUN:
-            self._end_run(span, root=parent is None or parent.is_remote)
+            self._end_run(span, root=root)
             return span
         # SpanRole.MODEL
         call = map_model_span(_view_of(span, attrs))
@@ -600,7 +665,7 @@ class TripwireSpanProcessor(SpanProcessor):
             self.observe_model_call(span.context.trace_id, call)
             if self._limits is not None:
                 out = self._model(span, attrs, call)
-        if parent is None or parent.is_remote:
+        if root:
             self._end_run(span)
         return out
 
@@ -618,8 +683,24 @@ class TripwireSpanProcessor(SpanProcessor):
                 del runs[tid]
                 self.stats.runs_ended += 1
 
-    def _tool(self, span: ReadableSpan, attrs: Mapping[str, Any]) -> ReadableSpan:
-        call = map_tool_span(_view_of(span, attrs), self.normalizer)
+    def _tool(self, span: ReadableSpan, attrs: Mapping[str, Any], name: str) -> ReadableSpan:
+        s: Any = span
+        try:  # the SDK's fields, as in on_end; the public properties for a duck-typed span
+            start = s._start_time
+            end = s._end_time
+            failed = s._status._status_code is _ERROR
+            ctx = s._context
+        except AttributeError:
+            start, end, ctx = span.start_time, span.end_time, span.context
+            failed = span.status.status_code is _ERROR
+        call = _tool_call(
+            attrs,
+            name,
+            None if start is None else start / 1e9,
+            None if end is None else end / 1e9,
+            (_exception_type(span) or "") if failed else None,
+            self.normalizer,
+        )
         if call is None:
             self.mapping_stats.malformed += 1
             return span
@@ -627,14 +708,32 @@ class TripwireSpanProcessor(SpanProcessor):
         normalizer = self.normalizer
         # The signature (parse, canonicalize, hash) is the costly part: outside the lock.
         sig = normalizer.signature(call.tool, call.arguments)
-        tid = span.context.trace_id
+        tid: int = ctx.trace_id
         now = self._clock()
         stops: list[tuple[Stop, bool]] | None = None
         with self._lock:
-            run = self._run_for(tid, now)
-            if call.call_id is not None and run.seen_call(call.call_id):
-                self.stats.duplicate_calls += 1
-                return span
+            runs = self._runs
+            run = runs.get(tid)
+            if run is not None and now - run.last_seen <= self.idle_ttl_s:
+                run.last_seen = now  # _run_for(), inlined for a trace already watched
+                runs.move_to_end(tid)
+            else:
+                run = self._run_for(tid, now)
+            call_id = call.call_id
+            if call_id is not None:
+                # run.seen_call(call_id), inlined
+                key = _pack_hash(hash(call_id))
+                ids = run.call_ids
+                if ids is None:
+                    run.call_ids = key
+                else:
+                    at = ids.find(key)
+                    while at >= 0:
+                        if not at & 7:
+                            self.stats.duplicate_calls += 1
+                            return span
+                        at = ids.find(key, at + 1)
+                    run.call_ids = (ids[8:] if len(ids) >= _CALL_ID_BYTES else ids) + key
             self.stats.tool_calls += 1
             state = run.state
             if state is None:
@@ -643,6 +742,8 @@ class TripwireSpanProcessor(SpanProcessor):
             assessment = evaluate(state, call, self.policy, normalizer, signature=sig)
             if self._limits is not None:
                 stops = self._charge_tool(self._limits, run, span, call.tool)
+        if assessment is None and not stops:
+            return span  # the verdict did not change: the common case
         # A run's first verdict, "working", is not news: nothing to report.
         changed = assessment is not None and not (
             previous is None and assessment.verdict is Verdict.WORKING
@@ -1039,14 +1140,8 @@ class _SdkSpanView:
         self.end_s = end / 1e9 if end is not None else None
         status = span.status
         self.status_message = status.description
-        self.exception_type: str | None = None
         self.status_error = status.status_code is StatusCode.ERROR
-        if self.status_error:
-            for event in span.events:
-                if event.name == "exception":
-                    value = (event.attributes or _EMPTY).get("exception.type")
-                    self.exception_type = value if isinstance(value, str) and value else None
-                    break
+        self.exception_type = _exception_type(span) if self.status_error else None
 
     @property
     def trace_id(self) -> str:
@@ -1070,6 +1165,15 @@ class _SdkSpanView:
     def scope_name(self) -> str | None:
         scope = self._span.instrumentation_scope
         return scope.name if scope is not None else None
+
+
+def _exception_type(span: ReadableSpan) -> str | None:
+    """``exception.type`` of the span's first exception event, if any (read on failures only)."""
+    for event in span.events:
+        if event.name == "exception":
+            value = (event.attributes or _EMPTY).get("exception.type")
+            return value if isinstance(value, str) and value else None
+    return None
 
 
 def _view_of(span: ReadableSpan, attrs: Mapping[str, Any]) -> SpanView:

@@ -1,0 +1,403 @@
+"""The processor's and the mapping's fast paths give the results of the general ones.
+
+- :func:`~tripwire.otel.conventions.classify` and
+  :func:`~tripwire.otel.conventions.map_tool_span` agree with the m1 mapping as it was before
+  the fast paths (a frozen copy in ``_m1_reference.py``) on random spans;
+- the span processor's key pre-filter drops only spans ``classify`` calls OTHER, and sends
+  straight to the tool path only spans it calls TOOL;
+- the SDK fast path and the public-API path (duck-typed spans) build the same tool call;
+- ``on_start``/``_on_ending`` reach the wrapped processor; the call-id ring stays exact.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from _m1_reference import classify as m1_classify
+from _m1_reference import map_tool_span as m1_map_tool_span
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry import trace as trace_api
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+import tripwire.otel as tw
+from tripwire.core.events import ToolCall
+from tripwire.otel import processor as processor_module
+from tripwire.otel.conventions import (
+    SpanRole,
+    SpanView,
+    _tool_call,
+    classify,
+    map_tool_span,
+    view_from_readable_span,
+)
+from tripwire.otel.processor import CALL_ID_MEMORY, TripwireSpanProcessor, _pack_hash, _Run
+
+SAMPLED = trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED)
+
+# -- random spans ------------------------------------------------------------------------------
+
+_KEYS = [
+    "gen_ai.operation.name", "gen_ai.tool.name", "gen_ai.tool.call.arguments",
+    "gen_ai.tool.call.id", "gen_ai.tool.call.result", "tool_arguments", "tool_response",
+    "input.value", "output.value", "openinference.span.kind", "traceloop.span.kind",
+    "traceloop.entity.name", "traceloop.entity.input", "traceloop.entity.output", "tool.name",
+    "gcp.vertex.agent.tool_call_args", "gcp.vertex.agent.tool_response",
+    "pydantic_ai.tool.retry.attempt", "pydantic_ai.tool.retry.cause", "error.type",
+    "gen_ai.usage.input_tokens", "http.route", "url.path", "db.system",
+]  # fmt: skip
+
+_ENVELOPE = json.dumps(
+    {"input_str": "{'q': 1}", "tags": [], "metadata": {"langgraph_step": 3},
+     "inputs": {"q": 1}, "kwargs": {"tool_call_id": "call_9"}}
+)  # fmt: skip
+_REORDERED_ENVELOPE = json.dumps(
+    {"tags": [], "inputs": {"q": 1}, "input_str": "x", "kwargs": {"tool_call_id": "call_8"}}
+)
+_SMOLAGENTS = json.dumps({"args": [], "sanitize_inputs_outputs": True, "kwargs": {"q": 1}})
+_TOOL_MESSAGE = json.dumps(
+    {"type": "tool", "data": {"content": "ok", "tool_call_id": "call_7", "status": "error"}}
+)
+_ADK_RETRY = json.dumps(
+    {"response_type": "ERROR_HANDLED_BY_REFLECT_AND_RETRY_PLUGIN", "error_type": "ValueError",
+     "retry_count": 2}
+)  # fmt: skip
+
+_TEXTS = st.sampled_from(
+    [
+        "execute_tool", "chat", "invoke_agent", "TOOL", "LLM", "AGENT", "CHAIN", "tool", "llm",
+        "agent", "workflow", "{}", "N/A", "<not specified>", "", "search_docs", '{"q": 1}',
+        '{"args": [1]}', '{"input_str": "x"}', '{"inputs": 1, "input_str": 2}', "a_b",
+        _ENVELOPE, _REORDERED_ENVELOPE, _SMOLAGENTS, _TOOL_MESSAGE, _ADK_RETRY,
+        '{"status": "error"}', "not json {",
+    ]
+)
+# Values an SDK span can hold (the SDK drops anything else).
+_VALUES = st.one_of(
+    _TEXTS,
+    st.text(max_size=20),
+    st.integers(min_value=-5, max_value=5),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.lists(_TEXTS, max_size=2).map(tuple),
+)
+_NAMES = st.one_of(
+    st.sampled_from(
+        ["execute_tool search_docs", "execute_tool ", "search_docs.tool", ".tool", "running tool",
+         "toolbox", "tool", "GET /v1/docs", "chat gpt", "invoke_agent looper", "x.workflow", ""]
+    ),
+    st.text(max_size=20),
+)  # fmt: skip
+_ATTRS = st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=7)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(attrs=_ATTRS, name=_NAMES, root=st.booleans())
+def test_classify_matches_m1(attrs: dict[str, Any], name: str, root: bool) -> None:
+    parent = None if root else "00f067aa0ba902b7"
+    assert classify(attrs, name, parent) is m1_classify(attrs, name, parent)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    attrs=_ATTRS,
+    name=_NAMES,
+    status_error=st.booleans(),
+    exception_type=st.sampled_from([None, "", "ValueError"]),
+)
+def test_map_tool_span_matches_m1(
+    attrs: dict[str, Any], name: str, status_error: bool, exception_type: str | None
+) -> None:
+    view = SpanView(
+        trace_id="0af7651916cd43dd8448eb211c80319c", span_id="b7ad6b7169203331", name=name,
+        start_s=1.0, end_s=1.5, status_error=status_error, exception_type=exception_type,
+        attributes=attrs,
+    )  # fmt: skip
+    assert map_tool_span(view) == m1_map_tool_span(view)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        '{"query": "refund policy"}',  # no underscore: the one-search path
+        '{"user_id": 7}',  # an underscore, no envelope
+        _ENVELOPE,
+        _REORDERED_ENVELOPE,
+        _SMOLAGENTS,
+        '{"args": [1, 2]}',  # the smolagents prefix without its envelope
+        "x" * 5000 + "_" + '"input_str"',  # one key of the two only
+    ],
+)
+def test_tool_call_arguments_match_m1(arguments: str) -> None:
+    attrs = {"gen_ai.tool.name": "t", "gen_ai.tool.call.arguments": arguments}
+    view = SpanView(trace_id="0" * 32, span_id="1" * 16, name="execute_tool t", attributes=attrs)
+    assert _tool_call(attrs, "execute_tool t", None, None, None) == m1_map_tool_span(view)
+
+
+def test_tool_call_failure_argument() -> None:
+    attrs = {"gen_ai.tool.name": "t"}
+    assert _tool_call(attrs, "x", None, None, None).error_type is None  # type: ignore[union-attr]
+    assert _tool_call(attrs, "x", None, None, "").error_type == "error"  # type: ignore[union-attr]
+    call = _tool_call(attrs, "x", None, None, "KeyError")
+    assert call is not None and call.error_type == "KeyError"
+    # an explicit error.type still wins over the status
+    call = _tool_call({**attrs, "error.type": "Timeout"}, "x", None, None, "KeyError")
+    assert call is not None and call.error_type == "Timeout"
+
+
+# -- the processor's pre-filter ------------------------------------------------------------------
+
+
+class _Probe(TripwireSpanProcessor):
+    """Records which path ``on_end`` took for each span."""
+
+    def __init__(self) -> None:
+        super().__init__(flags=tw.KillFlags())
+        self.paths: list[str] = []
+
+    def _agent_span(self, span: Any, attrs: Any, name: Any, parent: Any) -> Any:
+        self.paths.append("agent")
+        return super()._agent_span(span, attrs, name, parent)
+
+    def _tool(self, span: Any, attrs: Any, name: Any) -> Any:
+        self.paths.append("tool")
+        return super()._tool(span, attrs, name)
+
+
+def _sdk_span(attrs: dict[str, Any], name: Any, root: bool) -> ReadableSpan:
+    """An ended span as the SDK hands it to ``on_end`` (its attributes in BoundedAttributes)."""
+    parent = None if root else trace_api.SpanContext(0xABC, 0x2, False, SAMPLED)
+    return ReadableSpan(
+        name=name,
+        context=trace_api.SpanContext(0xABC, 0x1, False, SAMPLED),
+        parent=parent,
+        attributes=BoundedAttributes(attributes=attrs, immutable=True),
+        resource=Resource.get_empty(),
+        start_time=1_000_000_000,
+        end_time=2_000_000_000,
+    )
+
+
+@settings(max_examples=1000, deadline=None)
+@given(attrs=_ATTRS, name=_NAMES, root=st.booleans())
+def test_the_pre_filter_agrees_with_classify(attrs: dict[str, Any], name: str, root: bool) -> None:
+    probe = _Probe()
+    span = _sdk_span(attrs, name, root)
+    probe.on_end(span)
+    sdk_attrs = dict(span.attributes or {})  # what the SDK kept
+    role = classify(sdk_attrs, name, None if root else "p")
+    if not probe.paths:
+        assert role is SpanRole.OTHER
+    elif probe.paths[0] == "tool":
+        assert role is SpanRole.TOOL
+    else:
+        assert probe.paths[0] == "agent"
+    assert probe.stats.internal_errors == 0
+
+
+_TOOL_ATTRS = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t"}
+
+
+@pytest.mark.parametrize(
+    ("attrs", "name", "role"),
+    [
+        ({"gen_ai.operation.name": "execute_tool"}, "execute_tool t", SpanRole.TOOL),
+        ({"gen_ai.operation.name": "chat"}, "chat x", SpanRole.MODEL),
+        ({"gen_ai.operation.name": "invoke_agent"}, "a", SpanRole.RUN),
+        ({"openinference.span.kind": "TOOL", "tool.name": "t"}, "t", SpanRole.TOOL),
+        ({"openinference.span.kind": "LLM"}, "ChatOpenAI", SpanRole.MODEL),
+        ({"openinference.span.kind": "AGENT"}, "looper", SpanRole.RUN),
+        ({"traceloop.span.kind": "tool"}, "t", SpanRole.TOOL),
+        ({"traceloop.span.kind": "llm"}, "openai.chat", SpanRole.MODEL),
+        ({"traceloop.span.kind": "workflow"}, "w", SpanRole.RUN),
+        ({"gen_ai.tool.name": "t"}, "running", SpanRole.TOOL),
+        ({}, "execute_tool t", SpanRole.TOOL),
+        ({}, "t.tool", SpanRole.TOOL),
+        ({"http.route": "/docs"}, "GET /docs", SpanRole.OTHER),
+        ({"http.route": "/tools"}, "GET /tools", SpanRole.OTHER),  # passes, then classify()
+    ],
+)
+def test_every_key_classify_reads_passes_the_pre_filter(
+    attrs: dict[str, Any], name: str, role: SpanRole
+) -> None:
+    probe = _Probe()
+    probe.on_end(_sdk_span(_TOOL_ATTRS, "execute_tool t", root=False))  # the trace is watched
+    probe.paths.clear()
+    probe.on_end(_sdk_span(attrs, name, root=False))
+    assert classify(attrs, name, "p") is role
+    if role is SpanRole.OTHER:
+        assert probe.paths == (["agent"] if "tool" in name else [])
+    else:
+        assert probe.paths
+    assert (probe.stats.tool_calls, probe.stats.model_calls, len(probe)) == (
+        2 if role is SpanRole.TOOL else 1,
+        1 if role is SpanRole.MODEL else 0,
+        0 if role is SpanRole.RUN else 1,  # a run boundary ends the trace's watch
+    )
+
+
+@pytest.mark.parametrize("name", [12345, None, ("execute_tool x",)])
+def test_a_name_that_is_not_a_string_takes_the_general_path(name: Any) -> None:
+    probe = _Probe()
+    probe.on_end(_sdk_span({"http.route": "/x"}, name, root=False))
+    probe.on_end(_sdk_span({"gen_ai.tool.name": "t"}, name, root=False))
+    assert probe.stats.internal_errors == 0
+    assert probe.stats.tool_calls == 1  # gen_ai.tool.name alone is a tool span, as before
+
+
+# -- SDK fast path == public path ----------------------------------------------------------------
+
+
+def _captured_calls(monkeypatch: pytest.MonkeyPatch) -> list[ToolCall]:
+    calls: list[ToolCall] = []
+    real = processor_module.evaluate
+
+    def spy(state: Any, call: ToolCall, *a: Any, **kw: Any) -> Any:
+        calls.append(call)
+        return real(state, call, *a, **kw)
+
+    monkeypatch.setattr(processor_module, "evaluate", spy)
+    return calls
+
+
+class _DuckSpan:
+    """A span that is not the SDK's: only the public ReadableSpan API."""
+
+    def __init__(self, span: ReadableSpan) -> None:
+        self._inner = span
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_sdk_and_public_paths_build_the_same_tool_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("root"):
+        with tracer.start_as_current_span(
+            "execute_tool search_docs",
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "search_docs",
+                "gen_ai.tool.call.id": "call_1",
+                "gen_ai.tool.call.arguments": '{"query": "refund"}',
+            },
+        ) as failing:
+            failing.record_exception(ValueError("x"))
+            failing.set_status(Status(StatusCode.ERROR, "bad"))
+        with tracer.start_as_current_span(
+            "search_docs.tool",
+            attributes={"traceloop.span.kind": "tool", "traceloop.entity.input": _ENVELOPE},
+        ):
+            pass
+    spans = [s for s in exporter.get_finished_spans() if s.name != "root"]
+    calls = _captured_calls(monkeypatch)
+    for span in spans:
+        TripwireSpanProcessor(flags=tw.KillFlags()).on_end(span)  # SDK fast path
+        TripwireSpanProcessor(flags=tw.KillFlags()).on_end(_DuckSpan(span))  # type: ignore[arg-type]
+    assert len(calls) == 4
+    expected = [map_tool_span(view_from_readable_span(span)) for span in spans]
+    assert calls == [expected[0], expected[0], expected[1], expected[1]]
+    assert calls[0].error_type == "ValueError" and calls[0].call_id == "call_1"
+    assert calls[2].arguments == {"q": 1} and calls[2].call_id == "call_9"
+    provider.shutdown()
+
+
+# -- on_start / _on_ending -----------------------------------------------------------------------
+
+
+class _Recorder(SpanProcessor):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        self.events.append(("start", parent_context))
+
+    def _on_ending(self, span: Span) -> None:
+        self.events.append(("ending", span.name))
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.events.append(("end", span.name))
+
+
+def test_on_start_and_on_ending_reach_the_wrapped_processor() -> None:
+    inner = _Recorder()
+    provider = TracerProvider()
+    provider.add_span_processor(TripwireSpanProcessor(inner, flags=tw.KillFlags()))
+    ctx = trace_api.set_span_in_context(
+        trace_api.NonRecordingSpan(trace_api.SpanContext(0xAB, 0xCD, False, SAMPLED))
+    )
+    provider.get_tracer("t").start_span("GET /x", context=ctx).end()
+    assert [e[0] for e in inner.events] == ["start", "ending", "end"]
+    assert inner.events[0][1] is ctx
+    provider.shutdown()
+
+
+def test_a_subclass_overriding_on_start_keeps_it() -> None:
+    seen: list[str] = []
+
+    class Mine(TripwireSpanProcessor):
+        def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+            seen.append(span.name)
+            super().on_start(span, parent_context)
+
+    inner = _Recorder()
+    provider = TracerProvider()
+    provider.add_span_processor(Mine(inner, flags=tw.KillFlags()))
+    provider.get_tracer("t").start_span("a").end()
+    assert seen == ["a"]
+    assert [e[0] for e in inner.events] == ["start", "ending", "end"]
+    provider.shutdown()
+
+
+def test_standalone_on_start_does_nothing() -> None:
+    provider = TracerProvider()
+    processor = TripwireSpanProcessor(flags=tw.KillFlags())
+    provider.add_span_processor(processor)
+    provider.get_tracer("t").start_span("a").end()
+    assert processor.stats.internal_errors == 0
+    provider.shutdown()
+
+
+# -- the call-id ring ----------------------------------------------------------------------------
+
+
+def test_the_call_id_ring_remembers_the_last_ones_only() -> None:
+    run = _Run(None, 0.0)
+    ids = [f"call_{i}" for i in range(CALL_ID_MEMORY + 1)]
+    assert not any(run.seen_call(i) for i in ids)
+    assert run.call_ids is not None and len(run.call_ids) == 8 * CALL_ID_MEMORY
+    assert all(run.seen_call(i) for i in ids[1:])  # the last CALL_ID_MEMORY are remembered
+    assert not run.seen_call(ids[0])  # the first was forgotten
+
+
+def test_the_call_id_ring_ignores_bytes_straddling_two_entries() -> None:
+    run = _Run(None, 0.0)
+    key = _pack_hash(hash("call_x"))
+    run.call_ids = b"\x00" * 4 + key + b"\x00" * 4  # the key's bytes across two entries
+    assert not run.seen_call("call_x")
+    assert run.seen_call("call_x")
+
+
+def test_the_processor_ring_ignores_bytes_straddling_two_entries() -> None:
+    processor = TripwireSpanProcessor(flags=tw.KillFlags())
+    attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t",
+             "gen_ai.tool.call.id": "call_x"}  # fmt: skip
+    processor.on_end(_sdk_span({**attrs, "gen_ai.tool.call.id": "call_0"}, "execute_tool t", False))
+    run = processor._runs[0xABC]
+    run.call_ids = b"\x00" * 4 + _pack_hash(hash("call_x")) + b"\x00" * 4
+    processor.on_end(_sdk_span(attrs, "execute_tool t", False))
+    processor.on_end(_sdk_span(attrs, "execute_tool t", False))
+    assert (processor.stats.tool_calls, processor.stats.duplicate_calls) == (2, 1)
