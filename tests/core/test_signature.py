@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import pickle
+import random
 import time
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tripwire.core.reasons import ArgsKind
+from tripwire.core.signature import _SCAN_BELOW as SCAN_BELOW
 from tripwire.core.signature import (
     ABSENT,
     DEFAULT_NORMALIZER,
@@ -402,3 +407,196 @@ def test_top_level_scalars_and_lists() -> None:
     assert sig([1, 2]) == sig("[1, 2]")
     assert sig(5) == sig("5") == sig(5.0)
     assert sig(True) == sig("true")
+
+
+# -- canonical bytes: MessagePack, with a tagged JSON fallback ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "n", [2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 1, -(2**63), -(2**63) - 1, 10**30, -(10**30)]
+)
+def test_integers_at_and_beyond_64_bits_are_exact_and_agree_between_dict_and_json(n: int) -> None:
+    assert sig({"id": n}) == sig(f'{{"id": {n}}}') == sig(f'{{"id": {n}.0}}'.replace(".0", ""))
+    assert sig({"id": n}) != sig({"id": n + 1})
+    assert sig(f'{{"id": {n}}}') != sig(f'{{"id": {n + 1}}}')
+    assert sig({"id": n}) != sig({"id": str(n)})
+
+
+def test_fallback_encoding_agrees_between_dict_and_json_string() -> None:
+    # A value MessagePack cannot hold (an integer wider than 64 bits) switches the whole payload
+    # to the tagged JSON form; both inputs must take the same road, volatile keys dropped.
+    big = 2**80 + 7
+    as_dict = {"q": "x", "rows": [{"id": big, "nonce": 1}, {"id": 1}], "meta": {"n": 1.0}}
+    text = json.dumps({"request_id": "r", **as_dict})
+    assert sig(text) == sig(as_dict) == sig(text.encode())
+    # Large enough for the structural volatile-key check rather than the text scan.
+    padded = {**as_dict, "pad": "p" * (2 * SCAN_BELOW)}
+    assert sig(json.dumps({**padded, "timestamp": 5})) == sig(padded)
+    assert sig({"q": "x", "n": big}) != sig({"q": "x", "n": big + 1})
+
+
+def test_json_and_text_and_fallback_payloads_never_meet() -> None:
+    import msgspec
+
+    # The MessagePack bytes of a value, given as text, are text (another kind, another seed).
+    packed = msgspec.msgpack.encode({"a": 1})
+    assert sig(packed).kind is ArgsKind.TEXT
+    assert sig(packed) != sig({"a": 1})
+    # A big integer (JSON fallback) never equals its decimal string, nor a float that rounds
+    # it; an integral float is the integer it holds (1.0 is 1), whatever its size.
+    assert sig({"n": 2**70 + 1}) != sig({"n": float(2**70 + 1)})
+    assert sig({"n": 2**70}) == sig({"n": float(2**70)}) == sig('{"n": 1180591620717411303424.0}')
+    assert sig({"n": 2**70}) != sig({"n": str(2**70)})
+
+
+def test_str_subclasses_and_lone_surrogates_take_the_stdlib_fallback() -> None:
+    class Name(str):
+        pass
+
+    assert sig({"a": Name("x")}) == sig({"a": Name("x")})
+    assert sig({"a": Name("x"), "b": "\udfff"}) == sig({"b": "\udfff", "a": Name("x")})
+    assert sig({"a": "\udfff"}) != sig({"a": "\\udfff"})
+
+
+def test_values_nothing_can_encode_still_get_a_signature() -> None:
+    huge = 10**5000  # beyond the interpreter's limit for int -> decimal text
+    assert sig({"n": huge}).kind is ArgsKind.JSON
+    assert sig({"n": huge}) == sig({"n": huge})
+    assert sig({"n": huge}) != sig({"n": huge + 1})
+    assert sig({"s": {"\ud800", "a"}}) == sig({"s": {"a", "\ud800"}})
+    assert len(DEFAULT_NORMALIZER.result_digest({"n": huge})) == 32
+
+
+# -- raw arguments above the cap --------------------------------------------------------------
+
+
+def test_a_one_mebibyte_argument_is_hashed_in_full() -> None:
+    head = '{"path": "a.py", "content": "'
+    a = head + "x" * (1024 * 1024) + '"}'
+    b = a[:-3] + 'y"}'
+    assert len(a) == len(b)
+    assert sig(a).kind is ArgsKind.RAW
+    assert sig(a) != sig(b)
+    assert sig(a) == sig(a.encode())
+    assert sig(a[:-1]) != sig(a)
+    # The same bytes as text below the cap and as raw above it never meet: the kind differs.
+    n = Normalizer(max_bytes=64)
+    long_text = "x" * 100
+    assert sig(long_text, normalizer=n).kind is ArgsKind.RAW
+    assert sig(long_text).kind is ArgsKind.TEXT
+    assert sig(long_text, normalizer=n).key != sig(long_text).key
+
+
+def test_non_ascii_text_takes_the_same_road_as_its_bytes() -> None:
+    args = {"q": "café ☕", "nonce": 1, "pad": "é" * SCAN_BELOW}
+    text = json.dumps(args, ensure_ascii=False)
+    assert sig(text) == sig(text.encode()) == sig({"q": "café ☕", "pad": "é" * SCAN_BELOW})
+    assert sig("héllo wörld") == sig("héllo wörld".encode())
+
+
+# -- the volatile-key check on large arguments (reads decoded keys, not the text) -------------
+
+
+def _padded(value: object) -> dict[str, object]:
+    return {"pad": "p" * SCAN_BELOW, "v": value}
+
+
+@pytest.mark.parametrize(
+    "noisy",
+    [
+        {"records": [{"id": i, "tags": ["a"]} for i in range(40)] + [{"id": 40, "nonce": 1}]},
+        {"records": [{"id": i} for i in range(40)] + [{"id": 40, "sub": {"nonce": 1}}]},
+        {"records": [[[{"deep": [{"now": 1}]}]]]},
+        [{"a": 1}, [{"b": {"trace_id": "t"}}]],
+        {"text": "{{{{ braces in a string {", "list": [{"_ts": 1}]},
+        {"lots": [{"k": {"x": 1}} for _ in range(30)], "last": [{"span_id": 1}]},
+        {"by_id": {f"k{i}": {"v": i} for i in range(40)}, "z": {"correlation_id": 1}},
+    ],
+)
+def test_volatile_keys_in_large_arguments_are_found_wherever_they_are(noisy: object) -> None:
+    def strip(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items() if k not in DEFAULT_VOLATILE_KEYS}
+        if isinstance(v, list):
+            return [strip(x) for x in v]
+        return v
+
+    value = _padded(noisy)
+    text = json.dumps(value)
+    assert len(text) >= SCAN_BELOW
+    assert sig(text) == sig(strip(value)) == sig(value)
+    assert sig(text.encode()) == sig(strip(value))
+    assert DEFAULT_NORMALIZER.result_digest(text) == DEFAULT_NORMALIZER.result_digest(strip(value))
+
+
+def test_escaped_volatile_key_in_a_large_argument_is_dropped() -> None:
+    text = json.dumps(_padded([{"q": 1, "nonce": 5}])).replace('"nonce"', '"\\u006eonce"')
+    assert "\\u006eonce" in text
+    assert sig(text) == sig(_padded([{"q": 1}]))
+
+
+_json_keys = st.sampled_from(["a", "b", "id", "{", "nonces", "now_", *sorted(DEFAULT_VOLATILE_KEYS)])
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(_json_keys, inner, max_size=4),
+    max_leaves=30,
+)
+
+
+def _has_volatile(v: Any) -> bool:
+    if isinstance(v, dict):
+        return not DEFAULT_VOLATILE_KEYS.isdisjoint(v) or any(map(_has_volatile, v.values()))
+    if isinstance(v, list):
+        return any(map(_has_volatile, v))
+    return False
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=_json_values, pad=st.sampled_from([0, SCAN_BELOW, 4 * SCAN_BELOW]), seed=st.integers(0, 99))
+def test_json_text_equals_its_value_whatever_the_size_and_shape(value: Any, pad: int, seed: int) -> None:
+    if pad:
+        value = [value, "p" * pad] if seed % 2 else {"pad": "p" * pad, "v": value}
+    elif not isinstance(value, (dict, list)):
+        value = [value]  # a bare str is text, not a JSON document; a bare None is "no arguments"
+    text = json.dumps(value)
+    if len(text) > MAX_CANONICAL_BYTES:
+        return
+    assert sig(text) == sig(value) == sig(text.encode())
+    # The check may answer "maybe" when there is none, never "none" when there is one.
+    obj = json.loads(text)
+    if _has_volatile(obj):
+        for raw in (text, text.encode()):
+            assert not DEFAULT_NORMALIZER._holds_no_volatile(json.loads(text), raw)
+    rnd = random.Random(seed)
+    spaced = json.dumps(value, indent=rnd.choice([None, 1]), ensure_ascii=rnd.random() < 0.5)
+    if len(spaced.encode()) <= MAX_CANONICAL_BYTES:
+        assert sig(spaced) == sig(value)
+
+
+def _fill(unit: str) -> str:
+    n = (MAX_CANONICAL_BYTES - 1) // (len(unit) + 1)
+    return "[" + ",".join([unit] * n) + "]"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        _fill("1"),
+        _fill('"a"'),
+        _fill('{"a":1}'),
+        _fill('{"nonce":1}'),
+        _fill("[" * 30 + "]" * 30),
+        "[" * 5000 + "]" * 5000,
+        "{" + ",".join(f'"k{i}":{{"a":[1]}}' for i in range(900)) + "}",
+    ],
+)
+def test_hostile_json_at_the_cap_gets_a_defined_signature(text: str) -> None:
+    # Container-dense JSON just under the cap: parsed (kind JSON, or TEXT where it nests deeper
+    # than the encoder goes), never an exception; the same as its decoded value where that can
+    # be built. What it costs is measured in bench/bench_core.py, not asserted here.
+    assert len(text.encode()) <= MAX_CANONICAL_BYTES
+    first = sig(text)
+    assert first.kind in (ArgsKind.JSON, ArgsKind.TEXT)
+    assert sig(text) == first
+    if first.kind is ArgsKind.JSON and text.count("[") < 1000:
+        assert first == sig(json.loads(text))

@@ -2,7 +2,10 @@
 
 Two calls are "the same action" when their signatures are equal. Arguments arrive as a dict,
 as a JSON string, or as text that is not JSON; all three are reduced to one canonical byte
-string and hashed (128 bits of SHA-256):
+string and hashed with XXH3-128, seeded by the tool name and the argument kind (so equal
+payloads of different tools or kinds never meet). XXH3 is a fast non-cryptographic 128-bit
+hash: accidental collisions are negligible, and the digest keeps arguments out of storage, but
+it is not a secret and not a defence against someone crafting colliding arguments.
 
 - keys are sorted, and *volatile* keys (timestamps, request ids, nonces…) are dropped at every
   depth;
@@ -14,6 +17,13 @@ string and hashed (128 bits of SHA-256):
   (default 16 KiB) are hashed as raw bytes (``ArgsKind.RAW``), which bounds the cost of a call;
 - missing arguments (capture switched off) give a name-only signature (``ArgsKind.ABSENT``),
   which callers must treat as a weaker key.
+
+The canonical bytes are MessagePack with sorted keys (strings are copied, not escaped: several
+times faster than JSON on text-heavy arguments). A value MessagePack cannot hold (an integer
+wider than 64 bits, a lone surrogate, a ``str`` subclass…) is written as sorted JSON behind a
+tag byte that never starts a MessagePack document, so the two forms never produce equal bytes
+for different values. A dict and its JSON string reach the same normalized value, hence the
+same form and the same bytes.
 
 The trap: a normalizer change makes every signature change, which looks like a run that
 suddenly stopped repeating. :attr:`Normalizer.version` names everything that affects the
@@ -31,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
+import xxhash
 
 from tripwire.core.reasons import ArgsKind
 from tripwire.errors import ConfigError
@@ -46,7 +57,7 @@ __all__ = [
     "signature_of",
 ]
 
-NORMALIZER_SCHEME: Final = "n1r2"
+NORMALIZER_SCHEME: Final = "n2r3"
 """Bump when the canonical form of arguments (n…) or results (r…) changes in a way the fields
 of :class:`Normalizer` don't show."""
 
@@ -97,7 +108,28 @@ _NEG_INF: Final = "\x00-Infinity"
 _CYCLE: Final = "\x00<cycle>"
 _DEPTH: Final = "\x00<depth>"
 
+_JSON: Final = ArgsKind.JSON
+_TEXT: Final = ArgsKind.TEXT
+_RAW: Final = ArgsKind.RAW
+_ABSENT_KIND: Final = ArgsKind.ABSENT
+
 _ENCODER: Final = msgspec.json.Encoder(order="sorted")
+_encode_msgpack: Final = msgspec.msgpack.Encoder(order="sorted").encode
+
+# Canonical argument bytes are one MessagePack document, or one of these tags followed by JSON.
+# 0xC1 is the one byte MessagePack never uses, so a tagged payload is never a MessagePack one.
+_JSON_TAG: Final = b"\xc1j"
+"""msgspec's sorted JSON: values MessagePack cannot hold (integers wider than 64 bits)."""
+_PYJSON_TAG: Final = b"\xc1p"
+"""The stdlib's sorted, ASCII-escaped JSON: lone surrogates, ``str``/``float`` subclasses."""
+_HEXINT_TAG: Final = b"\xc1x"
+"""As ``_PYJSON_TAG``, integers too long for decimal text written in hex."""
+_OPAQUE_TAG: Final = b"\xc1?"
+"""Nothing could encode the value (not reachable from a normalized value; never raise)."""
+
+_xxh3_128: Final = xxhash.xxh3_128_intdigest
+_xxh3_128_hex: Final = xxhash.xxh3_128_hexdigest
+_xxh3_64: Final = xxhash.xxh3_64_intdigest
 
 
 def _float_token(value: float) -> float | int | str:
@@ -113,12 +145,78 @@ def _float_token(value: float) -> float | int | str:
 def _float_hook(text: str) -> float | int | str:
     # Called by the JSON decoder for every non-integer number (and integers it cannot hold
     # natively): keep integers exact, make 1.0 equal to 1.
-    if "." not in text and "e" not in text and "E" not in text:
-        return int(text)
-    return _float_token(float(text))
+    if "." in text or "e" in text or "E" in text:
+        value = float(text)
+        if value.is_integer():
+            return int(value)
+        if value - value == 0.0:  # finite: the common case
+            return value
+        return _float_token(value)  # overflowed to an infinity (1e400)
+    return int(text)
 
 
-_DECODER: Final = msgspec.json.Decoder(float_hook=_float_hook)
+_decode_json: Final = msgspec.json.Decoder(float_hook=_float_hook).decode
+
+_SCAN_BELOW: Final = 640
+"""Below this many bytes of JSON, the regex scan for volatile keys beats walking the decoded
+value (measured on typical arguments); above, the walk wins, by far on large ones."""
+
+# First bytes of a JSON document, its leading whitespace included (other text skips the parser).
+_JSON_FIRST: Final = frozenset(b'{["-0123456789tfn \t\n\r')
+_JSON_FIRST_CHARS: Final = frozenset('{["-0123456789tfn \t\n\r')
+
+
+def _encode_fallback(obj: Any) -> bytes | None:
+    """Tagged JSON for a normalized value MessagePack cannot hold (``None`` if nothing can)."""
+    try:
+        return _JSON_TAG + _ENCODER.encode(obj)
+    except Exception:  # UnicodeEncodeError, TypeError, ValueError…
+        pass
+    try:
+        # Lone surrogates in a string (json.loads lets them through) are not UTF-8: the stdlib
+        # encoder escapes them and still sorts keys.
+        return _PYJSON_TAG + json.dumps(obj, sort_keys=True, ensure_ascii=True, default=repr).encode()
+    except ValueError:
+        pass  # an integer beyond the interpreter's limit for decimal text
+    except Exception:
+        return None
+    try:
+        return _HEXINT_TAG + json.dumps(
+            _hex_ints(obj, 0), sort_keys=True, ensure_ascii=True, default=repr
+        ).encode()
+    except Exception:
+        return None
+
+
+def _hex_ints(value: Any, depth: int) -> Any:
+    # Integers too long for str() (sys.get_int_max_str_digits) become hex tokens.
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**64) < value < 2**64:
+        return f"\x00int:{value:x}"
+    if depth > MAX_DEPTH:
+        return value
+    if isinstance(value, dict):
+        return {k: _hex_ints(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_hex_ints(v, depth + 1) for v in value]
+    return value
+
+
+def _encode(obj: Any) -> bytes:
+    """The canonical bytes of a normalized value (never raises)."""
+    try:
+        return _encode_msgpack(obj)
+    except Exception:  # OverflowError, UnicodeEncodeError, TypeError…
+        payload = _encode_fallback(obj)
+        return _OPAQUE_TAG if payload is None else payload
+
+
+def _json_bytes(obj: Any) -> bytes:
+    """Sorted JSON of a normalized value (result digests strip digits from it: keep it text)."""
+    try:
+        return _ENCODER.encode(obj)
+    except Exception:
+        payload = _encode_fallback(obj)
+        return _OPAQUE_TAG if payload is None else payload
 
 
 class Signature(msgspec.Struct, frozen=True):
@@ -147,24 +245,43 @@ class Signature(msgspec.Struct, frozen=True):
 
 _DIGITS: Final = b"0123456789"
 
-_TOOL_KEYS: dict[str, int] = {}
-_TOOL_KEYS_MAX: Final = 4096
+_SEEDS_MAX: Final = 4096
+_JSON_SEEDS: Final[dict[str, int]] = {}
+_TEXT_SEEDS: Final[dict[str, int]] = {}
+_RAW_SEEDS: Final[dict[str, int]] = {}
+_ABSENT_SEEDS: Final[dict[str, int]] = {}
+_TOOL_KEYS: Final[dict[str, int]] = {}
+_RESULT_SEED: Final = _xxh3_64(b"\x00result\x00")
 
 
-_PREFIXES: dict[tuple[str, ArgsKind], bytes] = {}
-_RESULT_PREFIX: Final = b"\x00result\x00"
+def _seed(tool: str, kind: ArgsKind) -> int:
+    """The hash seed of ``(tool, kind)``: 64 bits of XXH3 over ``tool NUL kind NUL``.
+
+    Seeding the payload's hash with it keeps the domain separation of hashing
+    ``tool NUL kind NUL payload`` without copying the payload behind a prefix.
+    """
+    # Chosen by identity: hashing an Enum member runs Python code.
+    if kind is _JSON:
+        seeds = _JSON_SEEDS
+    elif kind is _TEXT:
+        seeds = _TEXT_SEEDS
+    elif kind is _RAW:
+        seeds = _RAW_SEEDS
+    else:
+        seeds = _ABSENT_SEEDS
+    seed = seeds.get(tool)
+    if seed is None:
+        if len(seeds) >= _SEEDS_MAX:
+            seeds.clear()  # a pure cache: bounded, and correct when emptied
+        seed = seeds[tool] = _xxh3_64(
+            tool.encode("utf-8", "surrogatepass") + b"\x00" + kind.value.encode() + b"\x00"
+        )
+    return seed
 
 
 def _hash(tool: str, kind: ArgsKind, payload: bytes) -> int:
-    """128 bits of SHA-256 over ``tool NUL kind NUL payload``."""
-    prefix = _PREFIXES.get((tool, kind))
-    if prefix is None:
-        if len(_PREFIXES) >= _TOOL_KEYS_MAX:
-            _PREFIXES.clear()  # a pure cache: bounded, and correct when emptied
-        prefix = _PREFIXES[(tool, kind)] = (
-            tool.encode("utf-8", "surrogatepass") + b"\x00" + kind.value.encode() + b"\x00"
-        )
-    return int.from_bytes(hashlib.sha256(prefix + payload).digest()[:16], "big")
+    """XXH3-128 of ``payload``, seeded by ``tool`` and ``kind``."""
+    return _xxh3_128(payload, _seed(tool, kind))
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +300,7 @@ class Normalizer:
     _needles: tuple[str, ...] = field(init=False, compare=False, repr=False)
     _needle_re: re.Pattern[str] = field(init=False, compare=False, repr=False)
     _needle_re_b: re.Pattern[bytes] = field(init=False, compare=False, repr=False)
+    _escapes: tuple[str, ...] = field(init=False, compare=False, repr=False)
     _escapes_b: tuple[bytes, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -212,13 +330,138 @@ class Normalizer:
         pattern = '"(?:' + "|".join(re.escape(k) for k in keys) + ')"' if keys else "(?!)"
         object.__setattr__(self, "_needle_re", re.compile(pattern))
         object.__setattr__(self, "_needle_re_b", re.compile(pattern.encode("utf-8", "surrogatepass")))
+        object.__setattr__(self, "_escapes", tuple(escapes))
         object.__setattr__(self, "_escapes_b", tuple(e.encode() for e in escapes))
 
-    def _may_hold_volatile(self, raw: bytes) -> bool:
+    def _may_hold_volatile(self, raw: str | bytes) -> bool:
         """True when the JSON text ``raw`` may hold a volatile key (so it must be walked)."""
+        if isinstance(raw, str):
+            if self._needle_re.search(raw) is not None:
+                return True
+            return "\\" in raw and any(e in raw for e in self._escapes)
         if self._needle_re_b.search(raw) is not None:
             return True
-        return b"\\" in raw and any(e in raw for e in self._escapes_b)
+        return 92 in raw and any(e in raw for e in self._escapes_b)  # 92 is a backslash
+
+    def _holds_no_volatile(self, obj: Any, raw: str | bytes) -> bool:
+        """True when ``obj``, decoded from the JSON text ``raw``, has no volatile key anywhere.
+
+        ``raw`` is bytes, or a str whose length is its size in bytes (ASCII).
+
+        A false ``False`` only costs a walk; a false ``True`` would be a bug. Below
+        :data:`_SCAN_BELOW` bytes the scan of the text (:meth:`_may_hold_volatile`) is cheapest.
+        Above, this reads decoded keys (so escapes such as ``"\\u006eonce"`` need no special
+        case) with C-level set tests, at a cost that grows with the number of objects, not bytes:
+
+        1. every dict reachable through dicts alone is tested with ``isdisjoint``; lists are
+           set aside. No list: done.
+        2. every object in the text opens with a ``{`` (more may sit inside strings): if the
+           text holds no more ``{`` than the objects already tested, no object hides in the
+           lists, and their (often long) items are never touched.
+        3. otherwise the objects inside the lists are found and tested too (see
+           :meth:`_lists_hold_no_volatile`). All along, the items visited are counted against a
+           budget of one per 32 bytes of text (about what the scan of the same text would
+           cost); past it, the scan decides, so the cost stays bounded on hostile input.
+        """
+        size = len(raw)
+        if size < _SCAN_BELOW:
+            return not self._may_hold_volatile(raw)
+        isdisjoint = self.volatile_keys.isdisjoint
+        budget = 16 + (size >> 5)
+        lists: list[Any] | None = None
+        seen = 0
+        if type(obj) is dict:
+            budget -= len(obj)
+            if budget < 0:
+                return not self._may_hold_volatile(raw)
+            if not isdisjoint(obj):
+                return False
+            seen = 1
+            dicts: list[Any] | None = None
+            for item in obj.values():
+                t = type(item)
+                if t is dict:
+                    if dicts is None:
+                        dicts = [item]
+                    else:
+                        dicts.append(item)
+                elif t is list:
+                    if lists is None:
+                        lists = [item]
+                    else:
+                        lists.append(item)
+            if dicts is not None:
+                while dicts:
+                    d = dicts.pop()
+                    budget -= len(d)
+                    if budget < 0:
+                        return not self._may_hold_volatile(raw)
+                    if not isdisjoint(d):
+                        return False
+                    seen += 1
+                    for item in d.values():
+                        t = type(item)
+                        if t is dict:
+                            dicts.append(item)
+                        elif t is list:
+                            if lists is None:
+                                lists = [item]
+                            else:
+                                lists.append(item)
+            if lists is None:
+                return True
+        if _braces_at_most(raw, seen):
+            return True
+        return self._lists_hold_no_volatile([obj] if lists is None else lists, raw, seen, budget)
+
+    def _lists_hold_no_volatile(self, lists: list[Any], raw: str | bytes, seen: int, budget: int) -> bool:
+        """Step 3 of :meth:`_holds_no_volatile`: walk ``lists`` and the objects they hold.
+
+        The objects a list holds are tested in one batch before their values are read; when
+        they are many for the text's size (a list of small records), the text's ``{`` are
+        counted (cheaper than reading all those values), and the walk stops once it has tested
+        that many objects.
+        """
+        isdisjoint = self.volatile_keys.isdisjoint
+        braces = -1
+        dicts: list[Any] = []
+        while lists:
+            lst = lists.pop()
+            budget -= len(lst)
+            if budget < 0:
+                return not self._may_hold_volatile(raw)
+            for item in lst:
+                t = type(item)
+                if t is dict:
+                    dicts.append(item)
+                elif t is list:
+                    lists.append(item)
+            if not dicts:
+                continue
+            if not all(map(isdisjoint, dicts)):
+                return False
+            seen += len(dicts)
+            if braces < 0 and len(raw) < 256 * len(dicts):
+                # count() reads every byte (~0.3 ns each), reading an object's values costs
+                # ~100 ns: for small records, counting is cheaper.
+                braces = raw.count("{") if isinstance(raw, str) else raw.count(123)
+            if 0 <= braces <= seen:
+                return True
+            while dicts:
+                d = dicts.pop()
+                budget -= len(d)
+                if budget < 0:
+                    return not self._may_hold_volatile(raw)
+                for item in d.values():
+                    t = type(item)
+                    if t is dict:
+                        if not isdisjoint(item):
+                            return False
+                        seen += 1
+                        dicts.append(item)
+                    elif t is list:
+                        lists.append(item)
+        return True
 
     def with_volatile_keys(
         self, add: Iterable[str] = (), remove: Iterable[str] = ()
@@ -240,17 +483,46 @@ class Normalizer:
 
         Never raises for any argument value: hostile input gets a defined signature.
         """
-        kind, payload = self.canonical(arguments)
+        if type(arguments) is str:
+            # The hot path (a JSON string, as traces and LLMs give arguments), inlined: the
+            # steps of _canonical_text, minus a few calls and, for ASCII text (whose length is
+            # its size in bytes), minus the copy to bytes: msgspec reads the str in place.
+            if (
+                arguments.isascii()
+                and len(arguments) <= self.max_bytes
+                and arguments
+                and arguments[0] in _JSON_FIRST_CHARS
+            ):
+                try:
+                    obj = _decode_json(arguments)
+                except (msgspec.DecodeError, RecursionError, ValueError):
+                    return Signature(tool, _hash(tool, _TEXT, arguments.encode()), _TEXT)
+                t = type(obj)
+                if (t is dict or t is list) and not self._holds_no_volatile(obj, arguments):
+                    obj = self._strip(obj)
+                try:
+                    payload = _encode_msgpack(obj)
+                except Exception:  # the rare values MessagePack cannot hold
+                    kind, payload = self._canonical_decoded(obj, arguments.encode())
+                else:
+                    seed = _JSON_SEEDS.get(tool)
+                    if seed is None:
+                        seed = _seed(tool, _JSON)
+                    return Signature(tool, _xxh3_128(payload, seed), _JSON)
+            else:
+                kind, payload = self._canonical_text(arguments)
+        else:
+            kind, payload = self.canonical(arguments)
         return Signature(tool, _hash(tool, kind, payload), kind)
 
     def tool_signature(self, tool: str) -> Signature:
         """The name-only signature of ``tool`` (what the ``tool`` key mode compares)."""
         key = _TOOL_KEYS.get(tool)
         if key is None:
-            if len(_TOOL_KEYS) >= _TOOL_KEYS_MAX:
+            if len(_TOOL_KEYS) >= _SEEDS_MAX:
                 _TOOL_KEYS.clear()  # a pure cache: bounded, and correct when emptied
-            key = _TOOL_KEYS[tool] = _hash(tool, ArgsKind.ABSENT, b"")
-        return Signature(tool, key, ArgsKind.ABSENT)
+            key = _TOOL_KEYS[tool] = _hash(tool, _ABSENT_KIND, b"")
+        return Signature(tool, key, _ABSENT_KIND)
 
     def canonical(self, value: Any) -> tuple[ArgsKind, bytes]:
         """The argument kind and canonical bytes of ``value`` (what the digest is taken of)."""
@@ -274,52 +546,106 @@ class Normalizer:
         Digits are removed before hashing: counters, timestamps, durations, a shell's line
         numbers and the new order id in every result of a side-effecting tool change on every
         call without being new evidence, so a result that differs only in numbers is the same
-        result. Mappings are canonicalized like arguments; text is canonicalized only when it
-        is JSON carrying a volatile key (results of one tool come from one piece of code, so
-        their key order is stable, and parsing every result would cost more than the rest of
-        the call's bookkeeping).
+        result. Mappings are canonicalized like arguments (as sorted JSON, so that numbers stay
+        digits); text is canonicalized only when it is JSON carrying a volatile key (results of
+        one tool come from one piece of code, so their key order is stable, and parsing every
+        result would cost more than the rest of the call's bookkeeping).
+
+        32 hex characters of XXH3-128, seeded apart from argument digests.
         """
         if value is ABSENT or value is None:
             payload = b""
         elif isinstance(value, (str, bytes, bytearray, memoryview)):
             raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else bytes(value)
-            volatile = self._may_hold_volatile(raw)
-            payload = self._canonical_text(raw)[1] if volatile else raw
+            payload = raw
+            # Above the cap the text is never parsed: skip the scan too.
+            if len(raw) <= self.max_bytes and self._may_hold_volatile(raw):
+                obj = self._parse(raw)
+                if obj is not _NOT_JSON:
+                    payload = _json_bytes(self._strip(obj))
         else:
-            payload = self._canonical_object(value)[1]
-        return hashlib.sha256(_RESULT_PREFIX + payload.translate(None, _DIGITS)).hexdigest()[:32]
+            payload = _json_bytes(self._normalize(value))
+        return _xxh3_128_hex(payload.translate(None, _DIGITS), _RESULT_SEED)
+
+    def _parse(self, raw: bytes) -> Any:
+        """The decoded JSON document ``raw`` (at most the cap), or ``_NOT_JSON``."""
+        if not raw or raw[0] not in _JSON_FIRST:
+            # Not JSON (most free text starts with a letter other than t/f/n): skip the parser.
+            return _NOT_JSON
+        try:
+            return _decode_json(raw)
+        except (msgspec.DecodeError, RecursionError, ValueError):
+            return _NOT_JSON
 
     def _canonical_text(self, text: str | bytes | bytearray | memoryview) -> tuple[ArgsKind, bytes]:
         raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
         if len(raw) > self.max_bytes:
-            return ArgsKind.RAW, raw
-        stripped = raw.lstrip()
-        if not stripped or stripped[:1] not in b'{["-0123456789tfn':
+            return _RAW, raw
+        if not raw or raw[0] not in _JSON_FIRST:
             # Not JSON (most free text starts with a letter other than t/f/n): skip the parser.
-            return ArgsKind.TEXT, raw
+            return _TEXT, raw
         try:
-            obj = _DECODER.decode(raw)
+            obj = _decode_json(raw)
         except (msgspec.DecodeError, RecursionError, ValueError):
-            return ArgsKind.TEXT, raw
-        if self._may_hold_volatile(raw):
-            obj = self._normalize(obj)
+            return _TEXT, raw
+        t = type(obj)
+        if (t is dict or t is list) and not self._holds_no_volatile(obj, raw):
+            obj = self._strip(obj)
+        return self._canonical_decoded(obj, raw)
+
+    @staticmethod
+    def _canonical_decoded(obj: Any, raw: bytes) -> tuple[ArgsKind, bytes]:
+        """Kind and canonical bytes of ``obj``, decoded (and normalized) from the JSON ``raw``."""
         try:
-            return ArgsKind.JSON, _ENCODER.encode(obj)
+            return _JSON, _encode_msgpack(obj)
         except RecursionError:
             # Valid JSON nested deeper than the encoder goes: fall back to the text itself.
-            return ArgsKind.TEXT, raw
+            return _TEXT, raw
+        except Exception:  # an integer wider than 64 bits
+            payload = _encode_fallback(obj)
+            return (_TEXT, raw) if payload is None else (_JSON, payload)
 
     def _canonical_object(self, value: Any) -> tuple[ArgsKind, bytes]:
-        obj = self._normalize(value)
-        try:
-            payload = _ENCODER.encode(obj)
-        except (TypeError, msgspec.EncodeError, RecursionError, OverflowError, UnicodeEncodeError):
-            # Lone surrogates in a string (json.loads lets them through) are not UTF-8: use the
-            # stdlib encoder, which escapes them and still sorts keys.
-            payload = json.dumps(obj, sort_keys=True, ensure_ascii=True, default=repr).encode()
         # Already canonical (the walk is done), so the cap does not apply: a mapping above it
         # keeps kind JSON, while the same arguments as a JSON string above the cap are RAW.
-        return ArgsKind.JSON, payload
+        return _JSON, _encode(self._normalize(value))
+
+    def _strip(self, obj: Any) -> Any:
+        """:meth:`_normalize` for a value fresh from the JSON decoder, done in place.
+
+        Such a value holds only dicts with ``str`` keys, lists, strings, integers, the floats
+        and tokens of :func:`_float_hook`, booleans and ``None``, and never a cycle: what is
+        left to do is to drop the volatile keys and cut the nesting at :data:`MAX_DEPTH`. No
+        copy, no recursion, and lists without containers are passed over at C speed.
+        """
+        containers = _CONTAINERS
+        if type(obj) not in containers:
+            return obj
+        volatile = self.volatile_keys
+        isdisjoint = volatile.isdisjoint
+        stack: list[tuple[Any, int]] = [(obj, 1)]  # a container, and the depth of its items
+        while stack:
+            v, depth = stack.pop()
+            if type(v) is dict:
+                if not isdisjoint(v):
+                    for k in volatile.intersection(v):
+                        del v[k]
+                for k, item in v.items():
+                    t = type(item)
+                    if t is dict or t is list:
+                        if depth >= MAX_DEPTH:
+                            v[k] = _DEPTH  # same size: fine while iterating
+                        else:
+                            stack.append((item, depth + 1))
+            elif not containers.isdisjoint(map(type, v)):
+                if depth >= MAX_DEPTH:
+                    v[:] = [_DEPTH if type(item) in containers else item for item in v]
+                else:
+                    for item in v:
+                        t = type(item)
+                        if t is dict or t is list:
+                            stack.append((item, depth + 1))
+        return obj
 
     def _normalize(self, value: Any) -> Any:
         """A JSON-ready copy of ``value``: volatile keys dropped, numbers and oddities fixed."""
@@ -327,7 +653,15 @@ class Normalizer:
         active: set[int] = set()
 
         def walk(v: Any, depth: int) -> Any:
-            if v is None or isinstance(v, (str, bool)):
+            t = type(v)
+            # Exact JSON types first (the common case), then the general rules.
+            if t is str or t is int or t is bool or v is None:
+                return v
+            if t is float:
+                if v - v == 0.0:
+                    return int(v) if v.is_integer() else v
+                return _float_token(v)
+            if isinstance(v, (str, bool)):
                 return v
             if isinstance(v, int):
                 return int(v)
@@ -335,7 +669,7 @@ class Normalizer:
                 return _float_token(v)
             if depth >= MAX_DEPTH:
                 return _DEPTH
-            if isinstance(v, Mapping):
+            if t is dict or isinstance(v, Mapping):
                 vid = id(v)
                 if vid in active:
                     return _CYCLE
@@ -346,27 +680,56 @@ class Normalizer:
                         sk = k if isinstance(k, str) else _key_text(k)
                         if sk in volatile:
                             continue
-                        out[sk] = walk(item, depth + 1)
+                        ti = type(item)
+                        out[sk] = item if ti is str or ti is int or ti is bool or item is None else walk(item, depth + 1)
                     return out
                 finally:
                     active.discard(vid)
-            if isinstance(v, (list, tuple)):
+            if t is list or isinstance(v, (list, tuple)):
                 vid = id(v)
                 if vid in active:
                     return _CYCLE
                 active.add(vid)
                 try:
-                    return [walk(item, depth + 1) for item in v]
+                    items: list[Any] = []
+                    append = items.append
+                    for item in v:
+                        ti = type(item)
+                        append(item if ti is str or ti is int or ti is bool or item is None else walk(item, depth + 1))
+                    return items
                 finally:
                     active.discard(vid)
             if isinstance(v, (set, frozenset)):
-                items = [walk(item, depth + 1) for item in v]
-                return sorted(items, key=lambda x: _ENCODER.encode(x))
+                members = [walk(item, depth + 1) for item in v]
+                return sorted(members, key=_encode)
             if isinstance(v, (bytes, bytearray, memoryview)):
-                return "\x00bytes:" + hashlib.sha256(bytes(v)).hexdigest()
+                return "\x00bytes:" + _xxh3_128_hex(bytes(v))
             return _object_token(v)
 
         return walk(value, 0)
+
+
+def _braces_at_most(raw: str | bytes, n: int) -> bool:
+    """True when the text ``raw`` holds at most ``n`` ``{`` characters."""
+    if n > 3:
+        # count() reads every byte in a plain loop, but builds nothing.
+        return (raw.count("{") if isinstance(raw, str) else raw.count(123)) <= n
+    # split() finds a few at memchr speed, in one C call (a find() loop costs more).
+    if isinstance(raw, str):
+        rest = raw.split("{", n)
+        return len(rest) <= n or "{" not in rest[-1]
+    rest_b = raw.split(b"{", n)
+    return len(rest_b) <= n or 123 not in rest_b[-1]  # 123 is "{"
+
+
+_CONTAINERS: Final = frozenset((dict, list))
+
+
+class _NotJson:
+    """Marker: the text is not a JSON document."""
+
+
+_NOT_JSON: Final = _NotJson()
 
 
 def _key_text(key: Any) -> str:
