@@ -234,49 +234,123 @@ def evaluate(
     state.calls = index = state.calls + 1
     slot = (index - 1) % window
 
+    # --- the call goes into the ring: counts, period runs, evidence (inlined: the hot path) --
+    keys = state.keys
+    counts = state.counts
+    old = keys[slot]
+    if old is not None:
+        left = counts[old] - 1
+        if left:
+            counts[old] = left
+        else:
+            del counts[old]
+    keys[slot] = key
+    hits = counts.get(key, 0) + 1
+    counts[key] = hits
+
+    # Period runs: only the periods p at which this key equals the key p calls back can
+    # continue a run; every other run breaks. ``key in recent`` is one C-level scan.
+    recent = state.recent
+    if key in recent:
+        previous_runs = state.runs
+        fresh: dict[int, int] = {}
+        for p, k in enumerate(recent, start=1):
+            if k == key:
+                fresh[p] = previous_runs.get(p, 0) + 1
+        state.runs = fresh
+    elif state.runs:
+        state.runs = _NO_RUNS
+    recent.insert(0, key)
+    recent.pop()
+
+    digest = call.result_digest
+    if digest is not None or state.results is not None:
+        results = state.results
+        if results is None:
+            results = state.results = array("q", bytes(8 * window))
+        # 0 marks "no result"; a digest hashing to 0 is stored as 1 (a harmless collision).
+        results[slot] = (hash(digest) or 1) if digest is not None else 0
+    if call.progress is not None or state.progress is not None:
+        progress = state.progress
+        if progress is None:
+            progress = state.progress = [None] * window
+        progress[slot] = call.progress
+
+    error = call.error_type
+    if error is not None:
+        state.error_run = state.error_run + 1 if error == state.last_error else 1
+        state.last_error = error
+    elif state.error_run:
+        state.error_run = 0
+        state.last_error = None
+    marks = state.marks
+    if marks is not None or error is not None:
+        failed = error is not None
+        if marks is None:
+            marks = state.marks = bytearray(window)
+        old_mark = marks[slot]
+        if old_mark:
+            state.failed_recent -= old_mark & 1
+            state.revisits_recent -= old_mark >> 1
+        marks[slot] = failed
+        state.failed_recent += failed
+
+    # Same-result streak: only a recorded result can continue or start one.
+    if digest is not None:
+        tool = call.tool
+        if digest == state.last_result and tool == state.last_tool:
+            state.outcome_run += 1
+        else:
+            state.outcome_run = 1
+        state.last_tool = tool
+        state.last_result = digest
+    elif state.last_result is not None or state.outcome_run:
+        state.outcome_run = 0
+        state.last_result = None
+
     # --- retry of a non-retryable failure: decided before anything else, never delayed ----
     failures = state.failures
-    prior = failures.get(args_key) if failures else None
-    if failures and prior is not None and index - prior[4] >= window:
-        # The failure is no longer among the last ``window`` calls (this call included).
-        del failures[args_key]
-        prior = None
-    if prior is not None and prior[1] is False and not sig.name_only:
-        _push(state, policy, key, slot, call)
-        _remember_failure(state, args_key, call, prior)
-        state.last_trip = index
-        return _set(
-            state,
-            Assessment(
-                verdict=Verdict.STUCK,
-                rule=Rule.RETRY_OF_NON_RETRYABLE,
-                tool=call.tool,
-                digest=sig.digest,
-                hits=prior[3] + 1,
-                period=1,
-                window=window,
-                call_index=index,
-                reason=(
-                    f"{call.tool} was called again with identical arguments after an error "
-                    f"({prior[0] or 'unknown'}) marked non-retryable"
+    prior: _Failure | None = None
+    if failures:
+        prior = failures.get(args_key)
+        if prior is not None and index - prior[4] >= window:
+            # The failure is no longer among the last ``window`` calls (this call included).
+            del failures[args_key]
+            prior = None
+    if prior is not None or error is not None or call.retryable is False:
+        if prior is not None and prior[1] is False and not sig.name_only:
+            _remember_failure(state, args_key, call, prior)
+            state.last_trip = index
+            return _set(
+                state,
+                Assessment(
+                    verdict=Verdict.STUCK,
+                    rule=Rule.RETRY_OF_NON_RETRYABLE,
+                    tool=call.tool,
+                    digest=sig.digest,
+                    hits=prior[3] + 1,
+                    period=1,
+                    window=window,
+                    call_index=index,
+                    reason=(
+                        f"{call.tool} was called again with identical arguments after an error "
+                        f"({prior[0] or 'unknown'}) marked non-retryable"
+                    ),
+                    policy_version=policy.version,
+                    normalizer_version=normalizer.version,
                 ),
-                policy_version=policy.version,
-                normalizer_version=normalizer.version,
-            ),
-        )
-
-    hits = _push(state, policy, key, slot, call)
-    if prior is not None or call.error_type is not None or call.retryable is False:
+            )
         _remember_failure(state, args_key, call, prior)
-    if policy.revisit is not None or policy.revisit_share is not None:
-        if call.result_digest is None:
-            state.revisit_run = 0
-        elif _track_revisit(state, policy, args_key, call.result_digest):
-            marks = state.marks
-            if marks is None:
-                marks = state.marks = bytearray(window)
-            marks[slot] |= 2
-            state.revisits_recent += 1
+    if digest is None:
+        state.revisit_run = 0
+    elif (policy.revisit is not None or policy.revisit_share is not None) and _track_revisit(
+        state, policy, args_key, digest
+    ):
+        marks = state.marks
+        if marks is None:
+            marks = state.marks = bytearray(window)
+        marks[slot] |= 2
+        state.revisits_recent += 1
 
     # --- the rules: every rule that trips, in order; evidence that explains one rule away does
     # not explain away another (a repeated edit whose results changed once may still be part of
@@ -375,84 +449,6 @@ def _working(call: ToolCall, index: int, policy: LoopPolicy, normalizer: Normali
         policy_version=policy.version,
         normalizer_version=normalizer.version,
     )
-
-
-def _push(state: RunState, policy: LoopPolicy, key: int, slot: int, call: ToolCall) -> int:
-    """Put ``key`` in the ring and update counts, period runs and evidence; return its count."""
-    keys = state.keys
-    counts = state.counts
-    old = keys[slot]
-    if old is not None:
-        left = counts[old] - 1
-        if left:
-            counts[old] = left
-        else:
-            del counts[old]
-    keys[slot] = key
-    hits = counts.get(key, 0) + 1
-    counts[key] = hits
-
-    # Period runs: only the periods p at which this key equals the key p calls back can
-    # continue a run; every other run breaks. ``key in recent`` is one C-level scan.
-    recent = state.recent
-    if key in recent:
-        previous_runs = state.runs
-        fresh: dict[int, int] = {}
-        for p, k in enumerate(recent, start=1):
-            if k == key:
-                fresh[p] = previous_runs.get(p, 0) + 1
-        state.runs = fresh
-    elif state.runs:
-        state.runs = _NO_RUNS
-    recent.insert(0, key)
-    recent.pop()
-    window = len(keys)
-
-    digest = call.result_digest
-    if digest is not None or state.results is not None:
-        results = state.results
-        if results is None:
-            results = state.results = array("q", bytes(8 * window))
-        # 0 marks "no result"; a digest hashing to 0 is stored as 1 (a harmless collision).
-        results[slot] = (hash(digest) or 1) if digest is not None else 0
-    if call.progress is not None or state.progress is not None:
-        progress = state.progress
-        if progress is None:
-            progress = state.progress = [None] * window
-        progress[slot] = call.progress
-
-    error = call.error_type
-    if error is not None:
-        state.error_run = state.error_run + 1 if error == state.last_error else 1
-        state.last_error = error
-    elif state.error_run:
-        state.error_run = 0
-        state.last_error = None
-    marks = state.marks
-    if marks is not None or error is not None:
-        failed = error is not None
-        if marks is None:
-            marks = state.marks = bytearray(window)
-        old = marks[slot]
-        if old:
-            state.failed_recent -= old & 1
-            state.revisits_recent -= old >> 1
-        marks[slot] = failed
-        state.failed_recent += failed
-
-    # Same-result streak: only a recorded result can continue or start one.
-    if digest is not None:
-        tool = call.tool
-        if digest == state.last_result and tool == state.last_tool:
-            state.outcome_run += 1
-        else:
-            state.outcome_run = 1
-        state.last_tool = tool
-        state.last_result = digest
-    elif state.last_result is not None or state.outcome_run:
-        state.outcome_run = 0
-        state.last_result = None
-    return hits
 
 
 def _track_revisit(state: RunState, policy: LoopPolicy, args_key: int, result_digest: str) -> bool:
