@@ -498,8 +498,15 @@ class Normalizer:
                 except (msgspec.DecodeError, RecursionError, ValueError):
                     return Signature(tool, _hash(tool, _TEXT, arguments.encode()), _TEXT)
                 t = type(obj)
-                if (t is dict or t is list) and not self._holds_no_volatile(obj, arguments):
-                    obj = self._strip(obj)
+                if t is dict or t is list:
+                    if len(arguments) < _SCAN_BELOW:
+                        # _holds_no_volatile() for short text, inlined: the regex scan.
+                        if self._needle_re.search(arguments) is not None or (
+                            "\\" in arguments and any(e in arguments for e in self._escapes)
+                        ):
+                            obj = self._strip(obj)
+                    elif not self._holds_no_volatile(obj, arguments):
+                        obj = self._strip(obj)
                 try:
                     payload = _encode_msgpack(obj)
                 except Exception:  # the rare values MessagePack cannot hold
