@@ -371,43 +371,24 @@ class Normalizer:
         lists: list[Any] | None = None
         seen = 0
         if type(obj) is dict:
-            budget -= len(obj)
-            if budget < 0:
-                return not self._may_hold_volatile(raw)
-            if not isdisjoint(obj):
-                return False
-            seen = 1
-            dicts: list[Any] | None = None
-            for item in obj.values():
-                t = type(item)
-                if t is dict:
-                    if dicts is None:
-                        dicts = [item]
-                    else:
+            dicts = [obj]
+            while dicts:
+                d = dicts.pop()
+                budget -= len(d)
+                if budget < 0:
+                    return not self._may_hold_volatile(raw)
+                if not isdisjoint(d):
+                    return False
+                seen += 1
+                for item in d.values():
+                    t = type(item)
+                    if t is dict:
                         dicts.append(item)
-                elif t is list:
-                    if lists is None:
-                        lists = [item]
-                    else:
-                        lists.append(item)
-            if dicts is not None:
-                while dicts:
-                    d = dicts.pop()
-                    budget -= len(d)
-                    if budget < 0:
-                        return not self._may_hold_volatile(raw)
-                    if not isdisjoint(d):
-                        return False
-                    seen += 1
-                    for item in d.values():
-                        t = type(item)
-                        if t is dict:
-                            dicts.append(item)
-                        elif t is list:
-                            if lists is None:
-                                lists = [item]
-                            else:
-                                lists.append(item)
+                    elif t is list:
+                        if lists is None:
+                            lists = [item]
+                        else:
+                            lists.append(item)
             if lists is None:
                 return True
         if _braces_at_most(raw, seen):

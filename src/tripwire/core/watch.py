@@ -365,16 +365,11 @@ def evaluate(
         and state.revisits_recent < limits[4]
         and state.failed_recent < limits[5]
     ):
-        # No rule tripped (the common case).
-        state.confirm_streak = 0
         current = state.current
-        if current is not None:
-            verdict = current.verdict
-            if verdict is _WORKING:
-                return None
-            if index - state.last_trip < window and (verdict is _STUCK or verdict is _UNCERTAIN):
-                return None  # a loop verdict holds until a whole window passes without a trip
-        return _set(state, _working(call, index, policy, normalizer))
+        if current is not None and current.verdict is _WORKING:  # the common case, inlined
+            state.confirm_streak = 0
+            return None
+        return _quiet(state, call, index, policy, normalizer)
 
     trips: list[tuple[Rule, int, int, bool]] = []
     if hits >= policy.threshold:
@@ -401,17 +396,8 @@ def evaluate(
     if state.failed_recent >= limits[5]:
         trips.append((Rule.FAILURES, 1, state.failed_recent, True))
 
-    if not trips:
-        # Only a period run that is not yet a cycle: no rule tripped.
-        state.confirm_streak = 0
-        current = state.current
-        if current is not None:
-            verdict = current.verdict
-            if verdict is _WORKING:
-                return None
-            if index - state.last_trip < window and (verdict is _STUCK or verdict is _UNCERTAIN):
-                return None
-        return _set(state, _working(call, index, policy, normalizer))
+    if not trips:  # only a period run that is not yet a cycle
+        return _quiet(state, call, index, policy, normalizer)
 
     state.last_trip = index
     assessment: Assessment | None = None
@@ -430,6 +416,21 @@ def evaluate(
         if state.confirm_streak < policy.confirm:
             return None
     return _set(state, assessment)
+
+
+def _quiet(
+    state: RunState, call: ToolCall, index: int, policy: LoopPolicy, normalizer: Normalizer
+) -> Assessment | None:
+    """The verdict after a call at which no rule tripped."""
+    state.confirm_streak = 0
+    current = state.current
+    if current is not None:
+        verdict = current.verdict
+        if verdict is _WORKING:
+            return None
+        if index - state.last_trip < policy.window and (verdict is _STUCK or verdict is _UNCERTAIN):
+            return None  # a loop verdict holds until a whole window passes without a trip
+    return _set(state, _working(call, index, policy, normalizer))
 
 
 def _set(state: RunState, assessment: Assessment) -> Assessment | None:
