@@ -171,3 +171,9 @@ def test_watcher_uses_its_policy() -> None:
         w.call("write_row", {"id": 1})
     assert w.verdict is Verdict.UNCERTAIN
     assert LoopWatcher().policy is DEFAULT_POLICY
+
+
+def test_detector_policy_has_only_the_two_rules() -> None:
+    p = LoopDetector().policy
+    assert (p.max_period, p.min_repeats) == (3, 3)
+    assert (p.same_error, p.same_result, p.revisit, p.revisit_share, p.failure_share) == (None,) * 5

@@ -109,6 +109,13 @@ class LoopDetector:
             key=KeyMode(key) if isinstance(key, str) else key,
             max_period=max_period,
             min_repeats=min_repeats,
+            # The two rules only: observe() takes no errors and no results, and the calibrated
+            # extras are off so that the policy (and its version) says so.
+            same_error=None,
+            same_result=None,
+            revisit=None,
+            revisit_share=None,
+            failure_share=None,
             result_evidence="off",  # type: ignore[arg-type]
             name_only="stuck",
         )
