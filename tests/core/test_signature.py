@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import pickle
 import random
-import time
 from typing import Any
 
 import pytest
@@ -305,11 +304,9 @@ def test_nan_literal_in_text_is_not_json_but_still_defined() -> None:
 
 def test_ten_megabyte_string() -> None:
     huge = "x" * (10 * 1024 * 1024)
-    start = time.perf_counter()
     as_text = sig(huge)
     as_value = sig({"blob": huge})
     as_json = sig(json.dumps({"blob": huge}))
-    assert time.perf_counter() - start < 5
     assert as_text.kind is ArgsKind.RAW
     assert as_value.kind is ArgsKind.JSON
     assert as_json.kind is ArgsKind.RAW
