@@ -400,17 +400,14 @@ def evaluate(
         return _quiet(state, call, index, policy, normalizer)
 
     state.last_trip = index
-    assessment: Assessment | None = None
-    for rule, period, rule_hits, windowed in trips:
-        decided = _decide(
-            state, call, sig, key, policy, normalizer, rule, period, rule_hits, index, now_s,
-            prior, windowed,
-        )
-        if assessment is None or decided.verdict is not Verdict.WORKING:
-            assessment = decided
-        if decided.verdict is not Verdict.WORKING:
-            break
-    assert assessment is not None
+    # The first rule not explained away decides; if every one is, the first one's "working" does.
+    decisions = (
+        _decide(state, call, sig, key, policy, normalizer, rule, period, rule_hits, index, now_s, prior, windowed)
+        for rule, period, rule_hits, windowed in trips
+    )
+    assessment = next(decisions)
+    if assessment.verdict is _WORKING:
+        assessment = next((d for d in decisions if d.verdict is not _WORKING), assessment)
     if assessment.verdict is Verdict.STUCK and policy.confirm > 1:
         state.confirm_streak += 1
         if state.confirm_streak < policy.confirm:
