@@ -58,6 +58,7 @@ CI_FRAMEWORKS = {
     "LangChain OpenInference instrumentation": "openinference.instrumentation.langchain",
     "OpenAI Agents SDK": "agents",
     "OpenAI Agents OpenInference bridge": "openinference.instrumentation.openai_agents",
+    "Google ADK": "google.adk",
 }
 
 

@@ -17,15 +17,19 @@ into ``exporter`` (a fresh ``InMemorySpanExporter`` when not given). The returne
 ``exporter`` finished during the run (empty when you passed a provider but no exporter).
 
 Instrumentors patch globals: every function instruments at its start and uninstruments in a
-``finally``, so runs don't leak into each other. Not thread-safe: run one at a time.
+``finally``, so runs don't leak into each other (Google ADK has no instrumentor: its own tracer
+is routed into the provider and back, see :func:`adk_telemetry`). Not thread-safe: run one at a
+time (:func:`run_adk_concurrently` runs several ADK agents at once, on one event loop).
 
 Frameworks are imported inside each function; callers skip with ``pytest.importorskip``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -510,3 +514,204 @@ def run_smolagents(
             instrumentor.uninstrument()
         assert answer == "done"
         return _finished(exp)
+
+
+# -- Google ADK --------------------------------------------------------------------------------
+
+ADK_SCHEMAS = (2, 1)
+"""ADK's telemetry schemas: 2 (the default since ADK 2: GenAI conventions, ``invoke_workflow``
+root, ``gen_ai.tool.call.arguments``) and 1 (legacy, ``ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN=1``:
+``invocation`` root, ``call_llm`` spans above ``generate_content``, and
+``gcp.vertex.agent.tool_call_args``)."""
+
+_ADK_ENV_VARS = (
+    "ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN",
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+    "ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS",
+)
+_adk_active = threading.Lock()
+
+
+def _swap_in_adk_modules(old: object, new: object) -> int:
+    """Rebind every module global of ``google.adk`` that *is* ``old`` to ``new``. Returns how many.
+
+    ADK's spans all come from one module-level tracer, ``google.adk.telemetry.tracing.tracer``
+    (``trace.get_tracer("gcp.vertex.agent")``, taken from the *global* provider), which several
+    ADK modules import by name, some of them lazily, during a run.
+    """
+    import sys
+
+    swapped = 0
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("google.adk"):
+            continue
+        for attr, value in list(vars(module).items()):
+            if value is old:
+                setattr(module, attr, new)
+                swapped += 1
+    return swapped
+
+
+@contextlib.contextmanager
+def adk_telemetry(provider: TracerProvider, *, schema: int, capture: bool) -> Iterator[None]:
+    """Route ADK's spans into ``provider`` and set its telemetry switches; restore both after.
+
+    ADK takes its tracer from the global provider, which OpenTelemetry lets a process set only
+    once: instead of touching it, this rebinds ADK's own tracer object (wherever an ADK module
+    holds it) to a tracer of ``provider`` with the same scope, and puts the original back on the
+    way out, in modules imported meanwhile too. The switches are environment variables ADK reads
+    during the run: ``ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN`` (``schema``) and, for ``capture``,
+    ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY`` (schema 2) /
+    ``ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS`` (schema 1, on unless set false); without
+    ``capture`` both are off. One at a time: entering it twice at once raises.
+    """
+    import os
+
+    from google.adk import version as adk_version
+    from google.adk.telemetry import tracing
+
+    if schema not in ADK_SCHEMAS:
+        raise ValueError(f"schema must be one of {ADK_SCHEMAS}, got {schema!r}")
+    if not _adk_active.acquire(blocking=False):
+        raise RuntimeError("adk_telemetry() is already active: run ADK agents one call at a time")
+    original = tracing.tracer
+    routed = provider.get_tracer("gcp.vertex.agent", adk_version.__version__)
+    saved = {var: os.environ.get(var) for var in _ADK_ENV_VARS}
+    try:
+        os.environ["ADK_TELEMETRY_SCHEMA_VERSION_OPT_IN"] = str(schema)
+        if capture:
+            os.environ["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = "SPAN_ONLY"
+            os.environ["ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS"] = "true"
+        else:
+            os.environ["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = "NO_CONTENT"
+            os.environ["ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS"] = "false"
+        assert _swap_in_adk_modules(original, routed) >= 1
+        yield
+    finally:
+        _swap_in_adk_modules(routed, original)
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+        _adk_active.release()
+
+
+def _adk_agent(loop: bool) -> Any:
+    """An ADK ``Agent`` (``LlmAgent``) on ADK's ``MockModel``, with two ``FunctionTool``s."""
+    from google.adk.agents import Agent
+    from google.adk.cli.agent_test_runner import MockModel
+    from google.adk.models.llm_response import LlmResponse
+    from google.adk.tools import FunctionTool
+    from google.genai import types
+
+    usage = types.GenerateContentResponseUsageMetadata(
+        prompt_token_count=INPUT_TOKENS,
+        candidates_token_count=OUTPUT_TOKENS,
+        total_token_count=INPUT_TOKENS + OUTPUT_TOKENS,
+    )
+    responses = [
+        LlmResponse(
+            content=types.Content(role="model", parts=[types.Part(
+                function_call=types.FunctionCall(name=name, args=args, id=f"call_{i}")
+            )]),
+            usage_metadata=usage,
+        )
+        for i, (name, args) in enumerate(script(loop))
+    ]  # fmt: skip
+    responses.append(
+        LlmResponse(
+            content=types.Content(role="model", parts=[types.Part.from_text(text="done")]),
+            usage_metadata=usage,
+        )
+    )
+
+    def search_docs(query: str) -> str:
+        """Search the documentation."""
+        return search_docs_impl(query)
+
+    def fetch_page(url: str) -> str:
+        """Fetch one page."""
+        return fetch_page_impl(url)
+
+    return Agent(
+        name="looper" if loop else "researcher",
+        model=MockModel(responses=responses, requests=[]),
+        instruction="Answer from the documentation.",
+        tools=[FunctionTool(search_docs), FunctionTool(fetch_page)],
+    )
+
+
+async def _run_adk_agent(loop: bool) -> None:
+    from google.adk.runners import Runner
+    from google.adk.sessions import InMemorySessionService
+    from google.genai import types
+
+    sessions = InMemorySessionService()
+    runner = Runner(app_name="tripwire_test", agent=_adk_agent(loop), session_service=sessions)
+    session = await sessions.create_session(app_name="tripwire_test", user_id="user")
+    message = types.Content(
+        role="user", parts=[types.Part.from_text(text="What is the refund policy?")]
+    )
+    texts: list[str] = []
+    async for event in runner.run_async(user_id="user", session_id=session.id, new_message=message):
+        if event.content is not None and event.content.parts:
+            texts += [p.text for p in event.content.parts if p.text]
+    assert texts[-1:] == ["done"], texts
+
+
+def run_adk(
+    loop: bool,
+    *,
+    schema: int = 2,
+    capture: bool = True,
+    provider: TracerProvider | None = None,
+    exporter: InMemorySpanExporter | None = None,
+) -> tuple[ReadableSpan, ...]:
+    """Run a Google ADK ``Agent`` on ADK's ``MockModel`` through ADK's ``Runner``.
+
+    The session service is ADK's ``InMemorySessionService``; the spans are ADK's own
+    (``gcp.vertex.agent``), routed into ``provider`` by :func:`adk_telemetry`. No request leaves
+    the process: ``MockModel`` answers from its list of ``LlmResponse``s (each with usage).
+
+    Args:
+        loop: the looping script or the distinct one.
+        schema: ADK's telemetry schema, 2 (default) or 1 (legacy); see :data:`ADK_SCHEMAS`.
+        capture: record tool arguments and results (ADK's content-capture switches).
+        provider: the tracer provider to emit into (default: a fresh one into ``exporter``).
+        exporter: where finished spans are collected.
+    """
+    spans, (outcome,) = run_adk_concurrently(
+        (loop,), schema=schema, capture=capture, provider=provider, exporter=exporter
+    )
+    if outcome is not None:
+        raise outcome  # as with the other frameworks: the run's exception reaches the caller
+    return spans
+
+
+def run_adk_concurrently(
+    loops: tuple[bool, ...],
+    *,
+    schema: int = 2,
+    capture: bool = True,
+    provider: TracerProvider | None = None,
+    exporter: InMemorySpanExporter | None = None,
+) -> tuple[tuple[ReadableSpan, ...], list[BaseException | None]]:
+    """Run one ADK agent per entry of ``loops``, concurrently, as tasks of one event loop.
+
+    Returns the finished spans and, per agent, the exception that ended its run (``None`` when
+    it answered). Arguments as in :func:`run_adk`.
+    """
+
+    async def main() -> list[BaseException | None]:
+        results = await asyncio.gather(
+            *(_run_adk_agent(loop) for loop in loops), return_exceptions=True
+        )
+        return [r if isinstance(r, BaseException) else None for r in results]
+
+    with (
+        _tracing(provider, exporter) as (tp, exp),
+        adk_telemetry(tp, schema=schema, capture=capture),
+    ):
+        outcomes = asyncio.run(main())
+    return _finished(exp), outcomes

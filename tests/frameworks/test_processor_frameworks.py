@@ -3,8 +3,9 @@
 For each framework: the looping agent (8 calls of ``search_docs(query="refund policy")``) is flagged
 at its 4th call and its next step is refused by ``tripwire.otel.check()`` called at the top of
 the tool body; the agent with 12 distinct calls is not flagged; a looping and a working agent
-through one processor are judged separately (pydantic-ai: concurrently, in two threads; the
-others patch globals when instrumenting, which the harness runs one at a time).
+through one processor are judged separately (pydantic-ai: concurrently, in two threads; Google
+ADK: concurrently, as two tasks of one event loop; the others patch globals when instrumenting,
+which the harness runs one at a time).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ class Framework:
     context_in_tools: bool = True
     """False when the instrumentation does not make the tool span current inside the tool body
     (OpenInference's LangChain tracer): ``check()`` without a trace id cannot find the run."""
+    concurrent: Callable[[tuple[bool, ...], TracerProvider], list[Any]] | None = None
+    """Runs several agents at once (as tasks of one event loop) into one provider, returning
+    each run's exception (``None`` when it answered). ``None``: pydantic-ai runs in two threads
+    in the test below, the others one run at a time."""
 
 
 FRAMEWORKS = [
@@ -58,6 +63,15 @@ FRAMEWORKS = [
     Framework(
         "smolagents", "openinference.instrumentation.smolagents",
         lambda loop, p: harness.run_smolagents(loop, provider=p),
+    ),
+    Framework(
+        "google-adk", "google.adk", lambda loop, p: harness.run_adk(loop, provider=p),
+        concurrent=lambda loops, p: harness.run_adk_concurrently(loops, provider=p)[1],
+    ),
+    Framework(
+        "google-adk-legacy", "google.adk",
+        lambda loop, p: harness.run_adk(loop, schema=1, provider=p),
+        concurrent=lambda loops, p: harness.run_adk_concurrently(loops, schema=1, provider=p)[1],
     ),
 ]  # fmt: skip
 
@@ -104,7 +118,7 @@ def _run(fw: Framework, loop: bool, provider: TracerProvider) -> BaseException |
     pytest.importorskip(fw.module)
     try:
         fw.run(loop, provider)
-    except LoopDetected as exc:  # pydantic-ai and LangChain let the tool's exception end the run
+    except LoopDetected as exc:  # pydantic-ai, LangChain, ADK: the tool's exception ends the run
         return exc
     return None  # the OpenAI Agents SDK and smolagents report it to the model as the tool result
 
@@ -153,6 +167,13 @@ def test_looping_and_working_agents_are_judged_separately(fw: Framework, setup: 
         for t in threads:
             t.join()
         assert results[False] is None
+    elif fw.concurrent is not None:  # Google ADK: two runs as tasks of one event loop
+        outcomes = fw.concurrent((True, False), setup.provider)
+        assert isinstance(outcomes[0], LoopDetected)
+        assert outcomes[1] is None
+        # They did run at once: the working agent made calls between the looper's first and last.
+        loop_at = [i for i, x in enumerate(setup.executed) if x == "refund policy"]
+        assert any(x != "refund policy" for x in setup.executed[loop_at[0] : loop_at[-1]])
     else:
         _run(fw, False, setup.provider)
         _run(fw, True, setup.provider)

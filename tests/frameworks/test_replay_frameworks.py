@@ -99,6 +99,10 @@ def _runner(name: str) -> Callable[[bool], tuple[Any, ...]]:
         bridge = name.split(":")[1]
         pytest.importorskip("openinference.instrumentation.openai_agents" if bridge == "openinference" else "opentelemetry.instrumentation.openai_agents")
         return lambda loop: harness.run_openai_agents(loop, bridge=bridge)
+    if name.startswith("google_adk"):
+        pytest.importorskip("google.adk")
+        schema = int(name.split(":")[1])
+        return lambda loop: harness.run_adk(loop, schema=schema)
     pytest.importorskip("smolagents")
     pytest.importorskip("openinference.instrumentation.smolagents")
     return harness.run_smolagents
@@ -110,7 +114,8 @@ def _extra(framework: str) -> int:
 
 
 FRAMEWORKS = ["pydantic_ai", "langchain:openinference", "langchain:openllmetry",
-              "openai_agents:openinference", "openai_agents:openllmetry", "smolagents"]
+              "openai_agents:openinference", "openai_agents:openllmetry", "smolagents",
+              "google_adk:2", "google_adk:1"]
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
