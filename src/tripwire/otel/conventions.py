@@ -178,13 +178,7 @@ class MappingStats:
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name (for metrics and receipts)."""
-        return {
-            "tool_spans": self.tool_spans,
-            "model_spans": self.model_spans,
-            "run_spans": self.run_spans,
-            "other_spans": self.other_spans,
-            "malformed": self.malformed,
-        }
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 # -- recognition ---------------------------------------------------------------------------
@@ -500,10 +494,7 @@ def _tool_call(
         # Both envelopes need an underscore ("input_str", "sanitize_inputs_outputs"): text
         # without one is plain arguments (see _has_envelope_keys); else the full tests.
         "_" not in raw
-        or (
-            not raw.startswith(('{"input_str"', '{"args"'))
-            and ('"input_str"' not in raw or '"inputs"' not in raw)
-        )
+        or not (raw.startswith(('{"input_str"', '{"args"')) or _has_envelope_keys(raw))
     ):
         arguments: Any = raw  # what _arguments() returns for plain string arguments
         call_id = None
@@ -520,46 +511,41 @@ def _tool_call(
         if call_id == _NOT_SPECIFIED:
             call_id = None
 
-    if _RARE_TOOL_KEYS.isdisjoint(attrs):
-        return ToolCall(
-            tool=tool,
-            arguments=arguments,
-            call_id=call_id,
-            start_s=start_s,
-            end_s=end_s,
-            error_type=None if failure is None else failure or "error",
-        )
-
-    result: Any = None
-    for key in _RESULT_KEYS:
-        result = get(key)
-        if result is not None:
-            break
     result_digest: str | None = None
     error_type: str | None = None
     attempt: int | None = None
-    if result is not None:
-        stable, result_call_id = _unwrap_result(result)
-        if call_id is None:
-            call_id = result_call_id
-        error_type, attempt = _error_in_result(stable)
-        if not (isinstance(stable, str) and stable == "{}" and arguments is ABSENT):
-            result_digest = normalizer.result_digest(stable)
-
-    explicit = _text(get("error.type"))
-    if explicit is not None:
-        error_type = explicit
-    elif failure is not None:
-        error_type = failure or error_type or "error"
-
-    retry_attempt = _int(get("pydantic_ai.tool.retry.attempt"))
-    if retry_attempt is not None:
-        attempt = retry_attempt
     retryable: bool | None = None
-    if get("pydantic_ai.tool.retry.cause") is not None:
-        # pydantic-ai records attempt/max_retries only while the retry budget lasts; a cause
-        # alone means the failure ends the run instead of being retried.
-        retryable = retry_attempt is not None
+    if _RARE_TOOL_KEYS.isdisjoint(attrs):
+        # No result, error or retry attribute: only the span's status can say it failed.
+        if failure is not None:
+            error_type = failure or "error"
+    else:
+        result: Any = None
+        for key in _RESULT_KEYS:
+            result = get(key)
+            if result is not None:
+                break
+        if result is not None:
+            stable, result_call_id = _unwrap_result(result)
+            if call_id is None:
+                call_id = result_call_id
+            error_type, attempt = _error_in_result(stable)
+            if not (isinstance(stable, str) and stable == "{}" and arguments is ABSENT):
+                result_digest = normalizer.result_digest(stable)
+
+        explicit = _text(get("error.type"))
+        if explicit is not None:
+            error_type = explicit
+        elif failure is not None:
+            error_type = failure or error_type or "error"
+
+        retry_attempt = _int(get("pydantic_ai.tool.retry.attempt"))
+        if retry_attempt is not None:
+            attempt = retry_attempt
+        if get("pydantic_ai.tool.retry.cause") is not None:
+            # pydantic-ai records attempt/max_retries only while the retry budget lasts; a
+            # cause alone means the failure ends the run instead of being retried.
+            retryable = retry_attempt is not None
 
     return ToolCall(
         tool=tool,
