@@ -278,7 +278,10 @@ def state_size() -> tuple[int, int]:
 
 def main() -> None:
     print(f"tripwire core bench — Python {sys.version.split()[0]}, batches of {BATCH} calls × {BATCHES}")
-    print(f"normalizer {DEFAULT_NORMALIZER.version}\n")
+    import tripwire.core.watch as watch_module
+
+    core = "compiled (tripwire.core._speedups)" if watch_module.COMPILED else "pure Python (no accelerator)"
+    print(f"normalizer {DEFAULT_NORMALIZER.version}; core {core}\n")
 
     print("1. observe per call, from the argument JSON string (LoopWatcher.observe(ToolCall))")
     print(HEADER)

@@ -43,6 +43,7 @@ from typing import Any, Final
 import msgspec
 import xxhash
 
+from tripwire.core._compiled import speedups
 from tripwire.core.reasons import ArgsKind
 from tripwire.errors import ConfigError
 
@@ -158,8 +159,13 @@ def _float_hook(text: str) -> float | int | str:
 _decode_json: Final = msgspec.json.Decoder(float_hook=_float_hook).decode
 
 _SCAN_BELOW: Final = 640
+
+_volatile_free: Final = getattr(speedups(), "volatile_free", None)
+"""The compiled walk of :meth:`Normalizer._holds_no_volatile` (``None`` without the accelerator):
+``(obj, keys, budget) -> True / False / None when over budget``."""
 """Below this many bytes of JSON, the regex scan for volatile keys beats walking the decoded
-value (measured on typical arguments); above, the walk wins, by far on large ones."""
+value in Python (measured on typical arguments); above, the walk wins, by far on large ones. The
+compiled walk (:data:`_volatile_free`) beats the scan at every size."""
 
 # First bytes of a JSON document, its leading whitespace included (other text skips the parser).
 _JSON_FIRST: Final = frozenset(b'{["-0123456789tfn \t\n\r')
@@ -364,6 +370,9 @@ class Normalizer:
            cost); past it, the scan decides, so the cost stays bounded on hostile input.
         """
         size = len(raw)
+        if _volatile_free is not None:  # the same walk, compiled, beats the scan at any size
+            answer = _volatile_free(obj, self.volatile_keys, 16 + (size >> 4))
+            return not self._may_hold_volatile(raw) if answer is None else answer
         if size < _SCAN_BELOW:
             return not self._may_hold_volatile(raw)
         isdisjoint = self.volatile_keys.isdisjoint
@@ -480,7 +489,7 @@ class Normalizer:
                     return Signature(tool, _hash(tool, _TEXT, arguments.encode()), _TEXT)
                 t = type(obj)
                 if t is dict or t is list:
-                    if len(arguments) < _SCAN_BELOW:
+                    if len(arguments) < _SCAN_BELOW and _volatile_free is None:
                         # _holds_no_volatile() for short text, inlined: the regex scan.
                         if self._needle_re.search(arguments) is not None or (
                             "\\" in arguments and any(e in arguments for e in self._escapes)

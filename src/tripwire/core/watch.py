@@ -34,17 +34,19 @@ any rule tripping: a single different call inside a loop is not a recovery.
 from __future__ import annotations
 
 from array import array
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
+from tripwire.core._compiled import speedups
 from tripwire.core.events import Lease, ToolCall
 from tripwire.core.policy import KeyMode, LoopPolicy
 from tripwire.core.reasons import Rule, Verdict
 from tripwire.core.signature import Normalizer, Signature
 from tripwire.errors import LoopDetected
 
-__all__ = ["Assessment", "RunState", "evaluate"]
+__all__ = ["COMPILED", "Assessment", "RunState", "evaluate"]
 
 _MASK64: Final = (1 << 64) - 1
 
@@ -309,38 +311,11 @@ def evaluate(
         state.last_result = None
 
     # --- retry of a non-retryable failure: decided before anything else, never delayed ----
-    failures = state.failures
     prior: _Failure | None = None
-    if failures:
-        prior = failures.get(args_key)
-        if prior is not None and index - prior[4] >= window:
-            # The failure is no longer among the last ``window`` calls (this call included).
-            del failures[args_key]
-            prior = None
-    if prior is not None or error is not None or call.retryable is False:
-        if prior is not None and prior[1] is False and not sig.name_only:
-            _remember_failure(state, args_key, call, prior)
-            state.last_trip = index
-            return _set(
-                state,
-                Assessment(
-                    verdict=Verdict.STUCK,
-                    rule=Rule.RETRY_OF_NON_RETRYABLE,
-                    tool=call.tool,
-                    digest=sig.digest,
-                    hits=prior[3] + 1,
-                    period=1,
-                    window=window,
-                    call_index=index,
-                    reason=(
-                        f"{call.tool} was called again with identical arguments after an error "
-                        f"({prior[0] or 'unknown'}) marked non-retryable"
-                    ),
-                    policy_version=policy.version,
-                    normalizer_version=normalizer.version,
-                ),
-            )
-        _remember_failure(state, args_key, call, prior)
+    if state.failures or error is not None or call.retryable is False:
+        prior, decided, outcome = _failure_step(state, call, sig, args_key, index, policy, normalizer)
+        if decided:
+            return outcome
     if digest is None:
         state.revisit_run = 0
     elif (policy.revisit is not None or policy.revisit_share is not None) and _track_revisit(
@@ -371,6 +346,75 @@ def evaluate(
             return None
         return _quiet(state, call, index, policy, normalizer)
 
+    return _judge(state, call, sig, key, hits, index, policy, normalizer, now_s, prior)
+
+
+def _failure_step(
+    state: RunState,
+    call: ToolCall,
+    sig: Signature,
+    args_key: int,
+    index: int,
+    policy: LoopPolicy,
+    normalizer: Normalizer,
+) -> tuple[_Failure | None, bool, Assessment | None]:
+    """Failure bookkeeping for a call that failed, was declared non-retryable, or may repeat a
+    failure still in the window; decides ``retry_of_non_retryable``.
+
+    Returns the signature's previous failure (if still in the window), whether the verdict is
+    decided here, and if so what :func:`evaluate` returns.
+    """
+    window = policy.window
+    failures = state.failures
+    prior: _Failure | None = None
+    if failures:
+        prior = failures.get(args_key)
+        if prior is not None and index - prior[4] >= window:
+            # The failure is no longer among the last ``window`` calls (this call included).
+            del failures[args_key]
+            prior = None
+    if prior is None and call.error_type is None and call.retryable is not False:
+        return None, False, None
+    if prior is not None and prior[1] is False and not sig.name_only:
+        _remember_failure(state, args_key, call, prior, window)
+        state.last_trip = index
+        return prior, True, _set(
+            state,
+            Assessment(
+                verdict=Verdict.STUCK,
+                rule=Rule.RETRY_OF_NON_RETRYABLE,
+                tool=call.tool,
+                digest=sig.digest,
+                hits=prior[3] + 1,
+                period=1,
+                window=window,
+                call_index=index,
+                reason=(
+                    f"{call.tool} was called again with identical arguments after an error "
+                    f"({prior[0] or 'unknown'}) marked non-retryable"
+                ),
+                policy_version=policy.version,
+                normalizer_version=normalizer.version,
+            ),
+        )
+    _remember_failure(state, args_key, call, prior, window)
+    return prior, False, None
+
+
+def _judge(
+    state: RunState,
+    call: ToolCall,
+    sig: Signature,
+    key: int,
+    hits: int,
+    index: int,
+    policy: LoopPolicy,
+    normalizer: Normalizer,
+    now_s: float | None,
+    prior: _Failure | None,
+) -> Assessment | None:
+    """The verdict after a call at which some rule may have tripped."""
+    limits = policy.trip_limits
     trips: list[tuple[Rule, int, int, bool]] = []
     if hits >= policy.threshold:
         trips.append((Rule.REPETITION, 1, hits, False))
@@ -474,6 +518,7 @@ def _remember_failure(
     args_key: int,
     call: ToolCall,
     prior: _Failure | None,
+    window: int,
 ) -> None:
     failures = state.failures
     if call.failed or call.retryable is False:
@@ -482,7 +527,7 @@ def _remember_failure(
         attempts = prior[3] + 1 if prior is not None else 1
         failures.pop(args_key, None)  # re-insert: the dict's order is the failures' recency
         failures[args_key] = (call.error_type, call.retryable, call.end_s, attempts, state.calls)
-        if len(failures) > len(state.keys):
+        if len(failures) > window:
             # Bounded like the window: forget the oldest failure first.
             del failures[next(iter(failures))]
     elif prior is not None and failures is not None:
@@ -600,7 +645,7 @@ def _decide(
     return verdict(Verdict.STUCK, f"{what} with no new evidence")
 
 
-def _results_changed(results: array[int], slots: list[int], rule: Rule, period: int) -> bool:
+def _results_changed(results: Sequence[int], slots: list[int], rule: Rule, period: int) -> bool:
     """True when the repeated calls' results differ: new evidence.
 
     For a cycle, each call is compared with the call one period earlier (the same step of the
@@ -636,3 +681,22 @@ def _describe(rule: Rule, tool: str, hits: int, period: int, window: int, window
     if rule is Rule.SAME_ERROR:
         return f"{hits} consecutive calls ending with {tool} failed with the same error"
     return f"{tool} repeated {hits}× with identical arguments in the last {window} calls"
+
+
+# --- the compiled accelerator -------------------------------------------------------------------
+
+PyRunState = RunState
+"""The reference implementation of the per-run state (always importable)."""
+py_evaluate = evaluate
+"""The reference implementation of :func:`evaluate` (always importable)."""
+
+
+_speedups = speedups()
+if _speedups is not None:
+    _speedups.bind(_failure_step, _judge, _quiet, _TOOL_ARGS, _WORKING)
+COMPILED: Final = _speedups is not None
+"""True when the compiled accelerator runs :func:`evaluate` (same verdicts, several times faster
+per call); False means the pure-Python reference above runs."""
+if not TYPE_CHECKING and _speedups is not None:
+    RunState = _speedups.RunState
+    evaluate = _speedups.evaluate
