@@ -805,7 +805,7 @@ evaluate(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
         if (arguments == NULL)
             goto error;
         PyObject *margs[3] = {normalizer, tool, arguments};
-        sig = PyObject_VectorcallMethod(s_signature, margs, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        sig = PyObject_VectorcallMethod(s_signature, margs, 3, NULL);
         Py_DECREF(arguments);
         if (sig == NULL)
             goto error;
@@ -823,7 +823,7 @@ evaluate(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     }
     else {
         PyObject *margs[2] = {normalizer, tool};
-        tmp = PyObject_VectorcallMethod(s_tool_signature, margs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        tmp = PyObject_VectorcallMethod(s_tool_signature, margs, 2, NULL);
         if (tmp == NULL)
             goto error;
         key = PyObject_GetAttr(tmp, s_key);

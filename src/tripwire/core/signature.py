@@ -159,13 +159,13 @@ def _float_hook(text: str) -> float | int | str:
 _decode_json: Final = msgspec.json.Decoder(float_hook=_float_hook).decode
 
 _SCAN_BELOW: Final = 640
+"""Below this many bytes of JSON, the regex scan for volatile keys beats walking the decoded
+value in Python (measured on typical arguments); above, the walk wins, by far on large ones. The
+compiled walk (:data:`_volatile_free`) beats the scan at every size."""
 
 _volatile_free: Final = getattr(speedups(), "volatile_free", None)
 """The compiled walk of :meth:`Normalizer._holds_no_volatile` (``None`` without the accelerator):
 ``(obj, keys, budget) -> True / False / None when over budget``."""
-"""Below this many bytes of JSON, the regex scan for volatile keys beats walking the decoded
-value in Python (measured on typical arguments); above, the walk wins, by far on large ones. The
-compiled walk (:data:`_volatile_free`) beats the scan at every size."""
 
 # First bytes of a JSON document, its leading whitespace included (other text skips the parser).
 _JSON_FIRST: Final = frozenset(b'{["-0123456789tfn \t\n\r')
