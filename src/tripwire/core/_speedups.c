@@ -378,15 +378,34 @@ RunState_sizeof(RunState *s, PyObject *Py_UNUSED(ignored))
 
 /* ---- attributes: the reference implementation's names ------------------------------------- */
 
+/* A new list of the n objects in items (None for NULL). */
+static PyObject *
+list_of(PyObject **items, Py_ssize_t n)
+{
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyList_SET_ITEM(out, i, opt(items[i]));
+    return out;
+}
+
+/* out[key] = n; -1 on error. */
+static int
+set_count(PyObject *out, PyObject *key, Py_ssize_t n)
+{
+    PyObject *v = PyLong_FromSsize_t(n);
+    if (v == NULL)
+        return -1;
+    int rc = PyDict_SetItem(out, key, v);
+    Py_DECREF(v);
+    return rc;
+}
+
 static PyObject *
 get_keys(RunState *s, void *c)
 {
-    PyObject *out = PyList_New(s->window);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < s->window; i++)
-        PyList_SET_ITEM(out, i, opt(s->keys[i]));
-    return out;
+    return list_of(s->keys, s->window);
 }
 
 static PyObject *
@@ -396,15 +415,10 @@ get_counts(RunState *s, void *c)
     if (out == NULL)
         return NULL;
     for (size_t i = 0; i <= s->tmask; i++) {
-        if (s->table[i].key == NULL)
-            continue;
-        PyObject *n = PyLong_FromSsize_t(s->table[i].count);
-        if (n == NULL || PyDict_SetItem(out, s->table[i].key, n) < 0) {
-            Py_XDECREF(n);
+        if (s->table[i].key != NULL && set_count(out, s->table[i].key, s->table[i].count) < 0) {
             Py_DECREF(out);
             return NULL;
         }
-        Py_DECREF(n);
     }
     return out;
 }
@@ -412,12 +426,7 @@ get_counts(RunState *s, void *c)
 static PyObject *
 get_recent(RunState *s, void *c)
 {
-    PyObject *out = PyList_New(s->max_period);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < s->max_period; i++)
-        PyList_SET_ITEM(out, i, opt(s->recent[i]));
-    return out;
+    return list_of(s->recent, s->max_period);
 }
 
 static PyObject *
@@ -429,15 +438,13 @@ get_runs(RunState *s, void *c)
     for (Py_ssize_t p = 1; p <= s->max_period; p++) {
         if (s->runs[p] == 0)
             continue;
-        PyObject *k = PyLong_FromSsize_t(p), *v = PyLong_FromSsize_t(s->runs[p]);
-        if (k == NULL || v == NULL || PyDict_SetItem(out, k, v) < 0) {
-            Py_XDECREF(k);
-            Py_XDECREF(v);
+        PyObject *k = PyLong_FromSsize_t(p);
+        int rc = k == NULL ? -1 : set_count(out, k, s->runs[p]);
+        Py_XDECREF(k);
+        if (rc < 0) {
             Py_DECREF(out);
             return NULL;
         }
-        Py_DECREF(k);
-        Py_DECREF(v);
     }
     return out;
 }
@@ -466,12 +473,7 @@ get_progress(RunState *s, void *c)
 {
     if (s->progress == NULL)
         Py_RETURN_NONE;
-    PyObject *out = PyList_New(s->window);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < s->window; i++)
-        PyList_SET_ITEM(out, i, opt(s->progress[i]));
-    return out;
+    return list_of(s->progress, s->window);
 }
 
 static PyObject *
@@ -864,33 +866,17 @@ evaluate(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     }
     Py_ssize_t hits = ++s->table[at].count;
 
-    /* period runs */
-    Py_ssize_t mp = s->max_period;
-    int any = 0;
+    /* period runs: the run at period p continues where this key equals the key p calls back,
+     * and breaks everywhere else */
+    Py_ssize_t mp = s->max_period, nruns = 0;
     for (Py_ssize_t p = 0; p < mp; p++) {
         int c = same_key(s->recent[p], s->rhash[p], key, h);
         if (c < 0)
             goto error;
-        if (c) {
-            any = 1;
-            break;
-        }
+        s->runs[p + 1] = c ? s->runs[p + 1] + 1 : 0;
+        nruns += c;
     }
-    if (any) {
-        Py_ssize_t n = 0;
-        for (Py_ssize_t p = 0; p < mp; p++) {
-            int c = same_key(s->recent[p], s->rhash[p], key, h);
-            if (c < 0)
-                goto error;
-            s->runs[p + 1] = c ? s->runs[p + 1] + 1 : 0;
-            n += c;
-        }
-        s->nruns = n;
-    }
-    else if (s->nruns) {
-        memset(s->runs, 0, (size_t)(mp + 1) * sizeof(Py_ssize_t));
-        s->nruns = 0;
-    }
+    s->nruns = nruns;
     Py_XDECREF(s->recent[mp - 1]);
     memmove(s->recent + 1, s->recent, (size_t)(mp - 1) * sizeof(PyObject *));
     memmove(s->rhash + 1, s->rhash, (size_t)(mp - 1) * sizeof(khash_t));
