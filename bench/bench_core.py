@@ -277,6 +277,11 @@ def state_size() -> tuple[int, int]:
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer and smaller batches")
+    parser.parse_args()  # --help, and exit code 2 for anything else (QUICK is read at import)
     print(f"tripwire core bench — Python {sys.version.split()[0]}, batches of {BATCH} calls × {BATCHES}")
     import tripwire.core.watch as watch_module
 

@@ -71,6 +71,9 @@ def show(name: str, samples: list[float]) -> None:
 
 
 def main() -> int:
+    import argparse
+
+    argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0]).parse_args()
     limits = Limits(max_tool_calls=10**9, tool_caps={"run_sql": 10**9}, max_duplicate_calls=10**9)
     print(f"{ROUNDS} rounds × {CALLS} tool calls (before_tool + after_tool per call)")
     show("naive dict-of-counters guard", per_call_us(lambda: NaiveGuard(10**9)))

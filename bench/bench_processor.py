@@ -41,6 +41,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from tripwire.core.watch import COMPILED
 from tripwire.otel import KillFlags, TripwireSpanProcessor
 from tripwire.testing import deep_sizeof as shared_aware_sizeof
 
@@ -222,7 +223,11 @@ def main() -> None:
     opts = parser.parse_args()
 
     targets = {"tool 100 B": 0.25, "tool 1 KB": 0.75, "tool 10 KB": None, "non-tool": 0.05}
-    print(f"python {sys.version.split()[0]}; {opts.rounds} rounds x {opts.spans} spans per case")
+    accelerator = "compiled accelerator" if COMPILED else "pure Python (no accelerator)"
+    print(
+        f"python {sys.version.split()[0]}, {accelerator}; "
+        f"{opts.rounds} rounds x {opts.spans} spans per case"
+    )
     print(
         f"{'case':<12} {'bare ns':>9} {'± IQR':>7} {'tripwire ns':>12} {'± IQR':>7}"
         f" {'added':>7} {'target':>7}"

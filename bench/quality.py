@@ -157,11 +157,17 @@ def main(corpus: Path) -> int:
 
 
 if __name__ == "__main__":
-    root = (
-        Path(sys.argv[1])
-        if len(sys.argv) > 1
-        else Path(__file__).resolve().parents[2] / "shared" / "corpus"
+    import argparse
+
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "corpus",
+        nargs="?",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "shared" / "corpus",
+        help="the labelled corpus directory (default: ../shared/corpus next to the repo)",
     )
+    root = parser.parse_args().corpus
     if not (root / "labels.jsonl").is_file():
         print(f"no corpus at {root} (expected labels.jsonl there)", file=sys.stderr)
         raise SystemExit(2)

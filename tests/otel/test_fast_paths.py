@@ -30,6 +30,7 @@ from opentelemetry.trace import Status, StatusCode
 
 import tripwire.otel as tw
 from tripwire.core.events import ToolCall
+from tripwire.core.signature import Normalizer, Signature
 from tripwire.otel import processor as processor_module
 from tripwire.otel.conventions import (
     SpanRole,
@@ -302,16 +303,27 @@ def test_sdk_and_public_paths_build_the_same_tool_call(monkeypatch: pytest.Monke
             attributes={"traceloop.span.kind": "tool", "traceloop.entity.input": _ENVELOPE},
         ):
             pass
+        with tracer.start_as_current_span(  # the compiled mapping's case, when it is built
+            "execute_tool search_docs",
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "search_docs",
+                "gen_ai.tool.call.id": "call_2",
+                "gen_ai.tool.call.arguments": '{"query": "refund", "max_results": 3}',
+            },
+        ):
+            pass
     spans = [s for s in exporter.get_finished_spans() if s.name != "root"]
     calls = _captured_calls(monkeypatch)
     for span in spans:
         TripwireSpanProcessor(flags=tw.KillFlags()).on_end(span)  # SDK fast path
         TripwireSpanProcessor(flags=tw.KillFlags()).on_end(_DuckSpan(span))  # type: ignore[arg-type]
-    assert len(calls) == 4
+    assert len(calls) == 6
     expected = [map_tool_span(view_from_readable_span(span)) for span in spans]
-    assert calls == [expected[0], expected[0], expected[1], expected[1]]
+    assert calls == [expected[0], expected[0], expected[1], expected[1], expected[2], expected[2]]
     assert calls[0].error_type == "ValueError" and calls[0].call_id == "call_1"
     assert calls[2].arguments == {"q": 1} and calls[2].call_id == "call_9"
+    assert calls[4].call_id == "call_2" and calls[4].start_s == spans[2].start_time / 1e9
     provider.shutdown()
 
 
@@ -401,3 +413,28 @@ def test_the_processor_ring_ignores_bytes_straddling_two_entries() -> None:
     processor.on_end(_sdk_span(attrs, "execute_tool t", False))
     processor.on_end(_sdk_span(attrs, "execute_tool t", False))
     assert (processor.stats.tool_calls, processor.stats.duplicate_calls) == (2, 1)
+
+
+def test_a_normalizer_subclass_computes_the_signatures() -> None:
+    """The compiled mapping computes ``Normalizer.signature`` itself: a subclass that overrides
+    it must be asked instead, for every tool span."""
+    asked: list[str] = []
+
+    class Lowercase(Normalizer):
+        def signature(self, tool: str, arguments: Any = None) -> Signature:
+            asked.append(tool)
+            text = arguments.lower() if isinstance(arguments, str) else arguments
+            return super().signature(tool, text)
+
+    processor = TripwireSpanProcessor(normalizer=Lowercase(), flags=tw.KillFlags())
+    attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t"}
+    for i, query in enumerate(["Refund", "REFUND", "refund", "rEfund"]):
+        span_attrs = {
+            **attrs,
+            "gen_ai.tool.call.id": f"call_{i}",
+            "gen_ai.tool.call.arguments": json.dumps({"q": query}),
+        }
+        processor.on_end(_sdk_span(span_attrs, "execute_tool t", False))
+    assert asked == ["t"] * 4
+    verdict = processor.verdict(0xABC)
+    assert verdict is not None and verdict.verdict.value == "stuck"  # the four are one call

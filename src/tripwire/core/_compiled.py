@@ -1,8 +1,9 @@
 """The optional compiled accelerator, ``tripwire.core._speedups`` (``_speedups.c``).
 
 It is built by ``pip install`` when a C compiler is at hand and speeds up the loop watcher's
-per-call bookkeeping and the signature's volatile-key check; the Python code it stands in for
-stays the reference, and the verdicts and signatures are the same either way. Set
+per-call bookkeeping, the signature of JSON arguments, and the span processor's mapping of the
+common tool span; the Python code it stands in for stays the reference, and the verdicts,
+signatures and tool calls are the same either way. Set
 ``TRIPWIRE_NO_EXTENSIONS=1`` to run without it.
 """
 

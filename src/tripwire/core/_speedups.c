@@ -1,5 +1,8 @@
 /* The loop watcher's per-call bookkeeping, compiled: an optional accelerator for
- * tripwire.core.watch.
+ * tripwire.core.watch; and, below it, the other hot spots of a tool span's end: the volatile-key
+ * walk and the signature of JSON text (tripwire.core.signature), the mapping of the common tool
+ * span (tripwire.otel.conventions binds the attribute keys) and the call-id memory
+ * (tripwire.otel.processor). Each has a Python twin that stays the reference.
  *
  * tripwire.core.watch holds the reference implementation in Python (RunState, evaluate) and is
  * the only documentation of what happens here. This module does the same bookkeeping on the
@@ -1120,27 +1123,16 @@ stack_push(Stack *st, PyObject *v)
     return 0;
 }
 
+/* The walk: Py_True, Py_False or Py_None (borrowed), NULL with an exception set. */
 static PyObject *
-volatile_free(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+volatile_walk(PyObject *obj, PyObject *keys, Py_ssize_t budget)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "volatile_free(obj, keys, budget) takes 3 arguments");
-        return NULL;
-    }
-    PyObject *keys = args[1];
-    if (!PyAnySet_Check(keys)) {
-        PyErr_SetString(PyExc_TypeError, "volatile_free: keys must be a set or frozenset");
-        return NULL;
-    }
-    Py_ssize_t budget = PyLong_AsSsize_t(args[2]);
-    if (budget == -1 && PyErr_Occurred())
-        return NULL;
     Stack st;
     st.items = st.small;
     st.top = 0;
     st.cap = 64;
     PyObject *answer = Py_True;
-    st.items[st.top++] = args[0];
+    st.items[st.top++] = obj;
     while (st.top && answer == Py_True) {
         PyObject *o = st.items[--st.top], *k, *v;
         if (PyDict_CheckExact(o)) {
@@ -1180,8 +1172,399 @@ volatile_free(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     if (st.items != st.small)
         PyMem_Free(st.items);
+    return answer;
+}
+
+static PyObject *
+volatile_free(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "volatile_free(obj, keys, budget) takes 3 arguments");
+        return NULL;
+    }
+    PyObject *keys = args[1];
+    if (!PyAnySet_Check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "volatile_free: keys must be a set or frozenset");
+        return NULL;
+    }
+    Py_ssize_t budget = PyLong_AsSsize_t(args[2]);
+    if (budget == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *answer = volatile_walk(args[0], keys, budget);
     Py_XINCREF(answer);
     return answer;
+}
+
+/* ---- json_signature ------------------------------------------------------------------------ */
+
+/* Bound by tripwire.core.signature (bind_signature()). */
+static PyObject *sig_decode = NULL;     /* the JSON decoder's decode */
+static PyObject *sig_decode_errors = NULL; /* what Normalizer.signature catches from it */
+static PyObject *sig_encode = NULL;     /* the sorted MessagePack encoder's encode */
+static PyObject *sig_hash = NULL;       /* xxhash.xxh3_128_intdigest */
+static PyObject *sig_seed = NULL;       /* _seed(tool, kind) */
+static PyObject *sig_seeds = NULL;      /* _JSON_SEEDS */
+static PyObject *sig_kind = NULL;       /* ArgsKind.JSON */
+static PyObject *sig_type = NULL;       /* Signature */
+
+/* json_signature(tool, text, keys, max_bytes) -> Signature | None
+ *
+ * Normalizer.signature's hot path for JSON text holding an object or an array with no volatile
+ * key: decode, encode as sorted MessagePack, hash seeded by (tool, JSON). None for anything
+ * else (the caller then takes the Python path, which answers every case): text that is not
+ * ASCII, empty, over max_bytes, or not opening with "{", "[" or whitespace; text that does not
+ * decode to a dict or a list; a value that holds a volatile key or whose walk is over budget;
+ * a value MessagePack cannot hold. Exceptions the Python path would not catch propagate. */
+static PyObject *json_signature_of(PyObject *tool, PyObject *text, PyObject *keys,
+                                   Py_ssize_t max_bytes);
+
+static PyObject *
+json_signature(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "json_signature(tool, text, keys, max_bytes) takes 4 arguments");
+        return NULL;
+    }
+    if (sig_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "json_signature: bind_signature() was not called");
+        return NULL;
+    }
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[3]);
+    if (max_bytes == -1 && PyErr_Occurred())
+        return NULL;
+    return json_signature_of(args[0], args[1], args[2], max_bytes);
+}
+
+static PyObject *
+json_signature_of(PyObject *tool, PyObject *text, PyObject *keys, Py_ssize_t max_bytes)
+{
+    if (!PyUnicode_CheckExact(tool) || !PyUnicode_CheckExact(text) || !PyAnySet_Check(keys))
+        Py_RETURN_NONE;
+    if (!PyUnicode_IS_ASCII(text))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    if (n == 0 || n > max_bytes)
+        Py_RETURN_NONE;
+    Py_UCS1 first = PyUnicode_1BYTE_DATA(text)[0];
+    if (first != '{' && first != '[' && first != ' ' && first != '\t' && first != '\n' &&
+        first != '\r')
+        Py_RETURN_NONE;
+    PyObject *obj = PyObject_CallOneArg(sig_decode, text);
+    if (obj == NULL) {
+        if (PyErr_ExceptionMatches(sig_decode_errors)) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        return NULL;
+    }
+    if (!PyDict_CheckExact(obj) && !PyList_CheckExact(obj)) {
+        Py_DECREF(obj);
+        Py_RETURN_NONE;
+    }
+    PyObject *free = volatile_walk(obj, keys, 16 + (n >> 4));
+    if (free != Py_True) {
+        Py_DECREF(obj);
+        if (free == NULL)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *payload = PyObject_CallOneArg(sig_encode, obj);
+    Py_DECREF(obj);
+    if (payload == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        return NULL;
+    }
+    PyObject *seed = PyDict_GetItemWithError(sig_seeds, tool);
+    if (seed != NULL)
+        Py_INCREF(seed);
+    else if (PyErr_Occurred() ||
+             (seed = PyObject_CallFunctionObjArgs(sig_seed, tool, sig_kind, NULL)) == NULL) {
+        Py_DECREF(payload);
+        return NULL;
+    }
+    PyObject *hash_args[2] = {payload, seed};
+    PyObject *key = PyObject_Vectorcall(sig_hash, hash_args, 2, NULL);
+    Py_DECREF(payload);
+    Py_DECREF(seed);
+    if (key == NULL)
+        return NULL;
+    PyObject *sig_args[3] = {tool, key, sig_kind};
+    PyObject *sig = PyObject_Vectorcall(sig_type, sig_args, 3, NULL);
+    Py_DECREF(key);
+    return sig;
+}
+
+static PyObject *
+bind_signature(PyObject *module, PyObject *args)
+{
+    PyObject *decode, *errors, *encode, *hash, *seed, *seeds, *kind, *type;
+    if (!PyArg_ParseTuple(args, "OOOOOO!OO:bind_signature", &decode, &errors, &encode, &hash,
+                          &seed, &PyDict_Type, &seeds, &kind, &type))
+        return NULL;
+    Py_INCREF(decode);
+    Py_XSETREF(sig_decode, decode);
+    Py_INCREF(errors);
+    Py_XSETREF(sig_decode_errors, errors);
+    Py_INCREF(encode);
+    Py_XSETREF(sig_encode, encode);
+    Py_INCREF(hash);
+    Py_XSETREF(sig_hash, hash);
+    Py_INCREF(seed);
+    Py_XSETREF(sig_seed, seed);
+    Py_INCREF(seeds);
+    Py_XSETREF(sig_seeds, seeds);
+    Py_INCREF(kind);
+    Py_XSETREF(sig_kind, kind);
+    Py_INCREF(type);
+    Py_XSETREF(sig_type, type);
+    Py_RETURN_NONE;
+}
+
+/* ---- tool_span ------------------------------------------------------------------------------- */
+
+/* Bound by tripwire.otel.conventions (bind_tool_span()): which attributes to read, and the type
+ * to build. The core knows no span attribute names of its own. */
+static PyObject *ts_tool_key = NULL;    /* the tool name's key */
+static PyObject *ts_args_key = NULL;    /* the arguments' key */
+static PyObject *ts_id_key = NULL;      /* the call id's key */
+static PyObject *ts_rare_keys = NULL;   /* tuple: keys whose presence needs the Python path */
+static PyObject *ts_rare_set = NULL;    /* the same keys, a frozenset */
+static PyObject *ts_no_id = NULL;       /* the placeholder that means "no call id" */
+static PyObject *ts_prefixes = NULL;    /* tuple: openings of wrapped arguments */
+static PyObject *ts_needles = NULL;     /* tuple: substrings that together mean wrapped */
+static PyObject *ts_call_type = NULL;   /* ToolCall */
+static PyObject *ts_kwnames = NULL;     /* ("tool", "arguments", "call_id", "start_s", "end_s") */
+static PyObject *ts_billion = NULL;     /* 1e9 */
+
+/* Seconds from nanoseconds as the Python path writes it (None stays None). */
+static PyObject *
+seconds(PyObject *ns)
+{
+    if (ns == Py_None)
+        return Py_NewRef(Py_None);
+    return PyNumber_TrueDivide(ns, ts_billion);
+}
+
+/* tool_span(attrs, start_ns, end_ns, keys, max_bytes) -> (ToolCall, Signature | None) | None
+ *
+ * tripwire.otel.conventions._tool_call's common case, compiled: a span (that did not fail) with
+ * a non-empty str tool name, str arguments that are not wrapped, at most a str call id, and
+ * none of the rare keys. The signature is json_signature's (None when the Python path must
+ * compute it). None for every other span: the caller maps it in Python. */
+static PyObject *
+tool_span(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "tool_span(attrs, start_ns, end_ns, keys, max_bytes) takes 5 arguments");
+        return NULL;
+    }
+    if (ts_call_type == NULL || sig_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "tool_span: bind_tool_span() was not called");
+        return NULL;
+    }
+    PyObject *attrs = args[0];
+    if (!PyDict_CheckExact(attrs))
+        Py_RETURN_NONE;
+    /* Strong references: a lookup may run a key's __eq__, which could change the dict. */
+    PyObject *tool = NULL, *raw = NULL, *call_id = NULL, *start = NULL, *end = NULL;
+    PyObject *call = NULL, *sig = NULL, *out = NULL;
+    Py_ssize_t i, k, n, found;
+
+    tool = Py_XNewRef(PyDict_GetItemWithError(attrs, ts_tool_key));
+    if (tool == NULL || !PyUnicode_CheckExact(tool) || PyUnicode_GET_LENGTH(tool) == 0)
+        goto python;
+    raw = Py_XNewRef(PyDict_GetItemWithError(attrs, ts_args_key));
+    if (raw == NULL || !PyUnicode_CheckExact(raw))
+        goto python;
+    n = PyUnicode_GET_LENGTH(raw);
+    found = PyUnicode_FindChar(raw, '_', 0, n, 1);
+    if (found == -2)
+        goto done;
+    if (found >= 0) {  /* only wrapped arguments need an underscore: test the wrappings */
+        k = PyTuple_GET_SIZE(ts_prefixes);
+        for (i = 0; i < k; i++) {
+            if (PyUnicode_Tailmatch(raw, PyTuple_GET_ITEM(ts_prefixes, i), 0, n, -1) != 0)
+                goto python;
+        }
+        k = PyTuple_GET_SIZE(ts_needles);
+        for (i = 0; i < k; i++) {
+            found = PyUnicode_Find(raw, PyTuple_GET_ITEM(ts_needles, i), 0, n, 1);
+            if (found == -2)
+                goto done;
+            if (found == -1)
+                break;
+        }
+        if (i == k)
+            goto python;
+    }
+    call_id = Py_XNewRef(PyDict_GetItemWithError(attrs, ts_id_key));
+    if (call_id == NULL) {
+        if (PyErr_Occurred())
+            goto done;
+        call_id = Py_NewRef(Py_None);
+    }
+    else if (PyUnicode_CheckExact(call_id)) {
+        int none = PyUnicode_GET_LENGTH(call_id) == 0;
+        if (!none) {
+            int cmp = PyUnicode_Compare(call_id, ts_no_id);
+            if (cmp == -1 && PyErr_Occurred())
+                goto done;
+            none = cmp == 0;
+        }
+        if (none)
+            Py_SETREF(call_id, Py_NewRef(Py_None));
+    }
+    else if (PyUnicode_Check(call_id))
+        goto python;  /* a str subclass: the Python path keeps it as it is */
+    else
+        Py_SETREF(call_id, Py_NewRef(Py_None));
+    /* None of the rare keys: test the span's keys against the set when they are fewer. */
+    if (PyDict_GET_SIZE(attrs) < PySet_GET_SIZE(ts_rare_set)) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(attrs, &pos, &key, &value)) {
+            if (PySet_Contains(ts_rare_set, key) != 0)  /* 1, or -1 for an unhashable key */
+                goto python;
+        }
+    }
+    else {
+        k = PyTuple_GET_SIZE(ts_rare_keys);
+        for (i = 0; i < k; i++) {
+            if (PyDict_Contains(attrs, PyTuple_GET_ITEM(ts_rare_keys, i)) != 0)
+                goto python;
+        }
+    }
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[4]);
+    if (max_bytes == -1 && PyErr_Occurred())
+        goto done;
+    start = seconds(args[1]);
+    if (start == NULL)
+        goto done;
+    end = seconds(args[2]);
+    if (end == NULL)
+        goto done;
+    PyObject *values[5] = {tool, raw, call_id, start, end};
+    call = PyObject_Vectorcall(ts_call_type, values, 0, ts_kwnames);
+    if (call == NULL)
+        goto done;
+    sig = json_signature_of(tool, raw, args[3], max_bytes);
+    if (sig == NULL)
+        goto done;
+    out = PyTuple_Pack(2, call, sig);
+    goto done;
+
+python:  /* the Python mapping answers (unless a lookup raised) */
+    if (!PyErr_Occurred())
+        out = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(tool);
+    Py_XDECREF(raw);
+    Py_XDECREF(call_id);
+    Py_XDECREF(start);
+    Py_XDECREF(end);
+    Py_XDECREF(call);
+    Py_XDECREF(sig);
+    return out;
+}
+
+static PyObject *
+bind_tool_span(PyObject *module, PyObject *args)
+{
+    PyObject *tool_key, *args_key, *id_key, *rare, *no_id, *prefixes, *needles, *type;
+    if (!PyArg_ParseTuple(args, "UUUO!UO!O!O:bind_tool_span", &tool_key, &args_key, &id_key,
+                          &PyTuple_Type, &rare, &no_id, &PyTuple_Type, &prefixes, &PyTuple_Type,
+                          &needles, &type))
+        return NULL;
+    PyObject *tuples[3] = {rare, prefixes, needles};
+    for (int t = 0; t < 3; t++) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuples[t]); i++) {
+            if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(tuples[t], i))) {
+                PyErr_SetString(PyExc_TypeError, "bind_tool_span: keys must be str");
+                return NULL;
+            }
+        }
+    }
+    if (PyTuple_GET_SIZE(needles) == 0) {
+        PyErr_SetString(PyExc_ValueError, "bind_tool_span: needles must not be empty");
+        return NULL;
+    }
+    PyObject *rare_set = PyFrozenSet_New(rare);
+    if (rare_set == NULL)
+        return NULL;
+    Py_XSETREF(ts_rare_set, rare_set);
+    if (ts_kwnames == NULL) {
+        ts_kwnames = Py_BuildValue("(sssss)", "tool", "arguments", "call_id", "start_s", "end_s");
+        ts_billion = PyFloat_FromDouble(1e9);
+        if (ts_kwnames == NULL || ts_billion == NULL)
+            return NULL;
+    }
+    PyObject **slots[8] = {&ts_tool_key, &ts_args_key, &ts_id_key, &ts_rare_keys,
+                           &ts_no_id, &ts_prefixes, &ts_needles, &ts_call_type};
+    PyObject *values[8] = {tool_key, args_key, id_key, rare, no_id, prefixes, needles, type};
+    for (int i = 0; i < 8; i++) {
+        Py_INCREF(values[i]);
+        Py_XSETREF(*slots[i], values[i]);
+    }
+    Py_RETURN_NONE;
+}
+
+/* ---- remember_id ------------------------------------------------------------------------------- */
+
+/* remember_id(ids, text, memory) -> bytes
+ *
+ * A memory of recent ids as bytes: the str hashes of up to `memory` ids, 8 bytes each
+ * (little-endian, as struct "<q" packs them), oldest first; None is the empty memory. Returns
+ * `ids` itself when it holds the hash of `text`, else new bytes with that hash appended (and the
+ * oldest dropped beyond `memory`). tripwire.otel.processor holds the Python twin. */
+static PyObject *
+remember_id(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "remember_id(ids, text, memory) takes 3 arguments");
+        return NULL;
+    }
+    PyObject *ids = args[0];
+    Py_ssize_t have = 0;
+    if (ids != Py_None) {
+        if (!PyBytes_CheckExact(ids)) {
+            PyErr_SetString(PyExc_TypeError, "remember_id: ids must be bytes or None");
+            return NULL;
+        }
+        have = PyBytes_GET_SIZE(ids) / 8;
+    }
+    Py_ssize_t memory = PyLong_AsSsize_t(args[2]);
+    if (memory == -1 && PyErr_Occurred())
+        return NULL;
+    if (memory < 1) {
+        PyErr_SetString(PyExc_ValueError, "remember_id: memory must be >= 1");
+        return NULL;
+    }
+    Py_hash_t h = PyObject_Hash(args[1]);
+    if (h == -1 && PyErr_Occurred())
+        return NULL;
+    unsigned char key[8];
+    uint64_t u = (uint64_t)(int64_t)h;
+    for (int b = 0; b < 8; b++)
+        key[b] = (unsigned char)(u >> (8 * b));
+    const char *old = have ? PyBytes_AS_STRING(ids) : NULL;
+    for (Py_ssize_t i = 0; i < have; i++) {
+        if (memcmp(old + 8 * i, key, 8) == 0)
+            return Py_NewRef(ids);
+    }
+    Py_ssize_t keep = have < memory ? have : memory - 1;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 8 * (keep + 1));
+    if (out == NULL)
+        return NULL;
+    char *dst = PyBytes_AS_STRING(out);
+    if (keep)
+        memcpy(dst, old + 8 * (have - keep), (size_t)(8 * keep));
+    memcpy(dst + 8 * keep, key, 8);
+    return out;
 }
 
 /* ---- bind ------------------------------------------------------------------------------------ */
@@ -1214,6 +1597,25 @@ static PyMethodDef module_methods[] = {
      "volatile_free(obj, keys, budget)\n--\n\n"
      "True when no dict in the decoded JSON value obj has a key in keys, False when one has, "
      "None when that takes more than budget entries to tell."},
+    {"json_signature", (PyCFunction)(void (*)(void))json_signature, METH_FASTCALL,
+     "json_signature(tool, text, keys, max_bytes)\n--\n\n"
+     "Normalizer.signature of JSON text holding an object or array with no volatile key, "
+     "or None when the Python path must answer."},
+    {"bind_signature", (PyCFunction)bind_signature, METH_VARARGS,
+     "bind_signature(decode, decode_errors, encode, hash, seed, seeds, json_kind, Signature)\n--\n\n"
+     "Called once by tripwire.core.signature: what json_signature calls."},
+    {"tool_span", (PyCFunction)(void (*)(void))tool_span, METH_FASTCALL,
+     "tool_span(attrs, start_ns, end_ns, keys, max_bytes)\n--\n\n"
+     "(ToolCall, Signature or None) for the common tool span, or None when the Python "
+     "mapping must answer."},
+    {"bind_tool_span", (PyCFunction)bind_tool_span, METH_VARARGS,
+     "bind_tool_span(tool_key, args_key, id_key, rare_keys, no_id, prefixes, needles, "
+     "ToolCall)\n--\n\n"
+     "Called once by tripwire.otel.conventions: the attribute keys tool_span reads."},
+    {"remember_id", (PyCFunction)(void (*)(void))remember_id, METH_FASTCALL,
+     "remember_id(ids, text, memory)\n--\n\n"
+     "ids itself when it holds the hash of text, else new bytes with it appended "
+     "(at most memory hashes, oldest first)."},
     {"bind", (PyCFunction)bind, METH_VARARGS,
      "bind(failure_step, judge, quiet, tool_args, working)\n--\n\n"
      "Called once by tripwire.core.watch: the Python steps and constants the hot path hands over to."},
@@ -1223,7 +1625,7 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     "tripwire.core._speedups",
-    "The loop watcher's per-call bookkeeping, compiled (see tripwire.core.watch).",
+    "The loop watcher's per-call bookkeeping and the tool span's hot path, compiled.",
     -1,
     module_methods,
 };

@@ -30,3 +30,29 @@ def bind(
     tool_args: Any,
     working: Any,
 ) -> None: ...
+def volatile_free(obj: Any, keys: frozenset[str] | set[str], budget: int) -> bool | None: ...
+def json_signature(tool: str, text: str, keys: frozenset[str], max_bytes: int) -> Any: ...
+def bind_signature(
+    decode: Callable[[str], Any],
+    decode_errors: tuple[type[BaseException], ...],
+    encode: Callable[[Any], bytes],
+    hash: Callable[[bytes, int], int],
+    seed: Callable[[str, Any], int],
+    seeds: dict[str, int],
+    json_kind: Any,
+    signature_type: type,
+) -> None: ...
+def tool_span(
+    attrs: dict[str, Any], start_ns: int | None, end_ns: int | None, keys: frozenset[str], max_bytes: int
+) -> tuple[Any, Any] | None: ...
+def bind_tool_span(
+    tool_key: str,
+    args_key: str,
+    id_key: str,
+    rare_keys: tuple[str, ...],
+    no_id: str,
+    prefixes: tuple[str, ...],
+    needles: tuple[str, ...],
+    call_type: type,
+) -> None: ...
+def remember_id(ids: bytes | None, text: str, memory: int) -> bytes: ...

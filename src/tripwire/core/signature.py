@@ -290,6 +290,29 @@ def _hash(tool: str, kind: ArgsKind, payload: bytes) -> int:
     return _xxh3_128(payload, _seed(tool, kind))
 
 
+_DECODE_ERRORS: Final = (msgspec.DecodeError, RecursionError, ValueError)
+"""What :meth:`Normalizer.signature` catches from the JSON decoder (the text is then TEXT)."""
+
+
+def _bind_json_signature() -> Any:
+    """The compiled twin of :meth:`Normalizer.signature`'s JSON path, bound to this module's
+    decoder, encoder, hash and seeds; ``None`` without the accelerator."""
+    compiled = speedups()
+    if compiled is None or not hasattr(compiled, "json_signature"):
+        return None
+    compiled.bind_signature(
+        _decode_json, _DECODE_ERRORS, _encode_msgpack, _xxh3_128, _seed, _JSON_SEEDS, _JSON,
+        Signature,
+    )
+    return compiled.json_signature
+
+
+_json_signature: Final = _bind_json_signature()
+"""``(tool, text, keys, max_bytes) -> Signature | None``: the signature of JSON text holding an
+object or an array with no volatile key, computed as the Python path below computes it; ``None``
+for every other case (which the Python path answers)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Normalizer:
     """Turns (tool, arguments) into a :class:`Signature`. Immutable and stateless.
@@ -474,6 +497,10 @@ class Normalizer:
         Never raises for any argument value: hostile input gets a defined signature.
         """
         if type(arguments) is str:
+            if _json_signature is not None:
+                sig = _json_signature(tool, arguments, self.volatile_keys, self.max_bytes)
+                if sig is not None:
+                    return sig  # type: ignore[no-any-return]
             # The hot path (a JSON string, as traces and LLMs give arguments), inlined: the
             # steps of _canonical_text, minus a few calls and, for ASCII text (whose length is
             # its size in bytes), minus the copy to bytes: msgspec reads the str in place.
@@ -485,7 +512,7 @@ class Normalizer:
             ):
                 try:
                     obj = _decode_json(arguments)
-                except (msgspec.DecodeError, RecursionError, ValueError):
+                except _DECODE_ERRORS:
                     return Signature(tool, _hash(tool, _TEXT, arguments.encode()), _TEXT)
                 t = type(obj)
                 if t is dict or t is list:

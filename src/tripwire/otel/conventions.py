@@ -52,6 +52,7 @@ from typing import Any, Final
 
 import msgspec
 
+from tripwire.core._compiled import speedups
 from tripwire.core.events import ModelCall, ToolCall
 from tripwire.core.signature import ABSENT, DEFAULT_NORMALIZER, Normalizer
 
@@ -309,6 +310,13 @@ def _tool_name(attrs: Mapping[str, Any], name: str) -> str | None:
     return name
 
 
+_ENVELOPE_OPENINGS: Final = ('{"input_str"', '{"args"')
+"""How the OpenLLMetry LangChain envelope and the smolagents one open, as emitted."""
+_ENVELOPE_NEEDLES: Final = ('"input_str"', '"inputs"')
+"""Keys that together mean an OpenLLMetry envelope whose keys were reordered."""
+_INPUT_STR_KEY, _INPUTS_KEY = _ENVELOPE_NEEDLES
+
+
 def _has_envelope_keys(text: str) -> bool:
     """True when ``text`` holds both ``"input_str"`` and ``"inputs"`` (an envelope, reordered).
 
@@ -316,7 +324,7 @@ def _has_envelope_keys(text: str) -> bool:
     the keys scan the whole text at about 0.4 ns a character, and text without an underscore
     cannot hold ``"input_str"``.
     """
-    return "_" in text and '"input_str"' in text and '"inputs"' in text
+    return "_" in text and _INPUT_STR_KEY in text and _INPUTS_KEY in text
 
 
 def _unwrap_langchain_envelope(text: str) -> tuple[Any, str | None]:
@@ -494,7 +502,7 @@ def _tool_call(
         # Both envelopes need an underscore ("input_str", "sanitize_inputs_outputs"): text
         # without one is plain arguments (see _has_envelope_keys); else the full tests.
         "_" not in raw
-        or not (raw.startswith(('{"input_str"', '{"args"')) or _has_envelope_keys(raw))
+        or not (raw.startswith(_ENVELOPE_OPENINGS) or _has_envelope_keys(raw))
     ):
         arguments: Any = raw  # what _arguments() returns for plain string arguments
         call_id = None
@@ -558,6 +566,35 @@ def _tool_call(
         attempt=attempt,
         result_digest=result_digest,
     )
+
+
+def _bind_tool_span() -> Any:
+    """The compiled common case of :func:`_tool_call` with the signature, or ``None``.
+
+    ``(attrs, start_ns, end_ns, volatile_keys, max_bytes) -> (ToolCall, Signature | None) |
+    None``: for a span that did not fail, with a plain ``gen_ai.tool.name``, plain string
+    arguments and none of :data:`_RARE_TOOL_KEYS`, the call :func:`_tool_call` maps and the
+    signature :meth:`Normalizer.signature` computes (``None`` when only the Python path can);
+    ``None`` for every other span. ``tests/core/test_speedups.py`` holds the two to the same
+    answers.
+    """
+    compiled = speedups()
+    if compiled is None or not hasattr(compiled, "tool_span"):
+        return None
+    compiled.bind_tool_span(
+        "gen_ai.tool.name",
+        "gen_ai.tool.call.arguments",
+        "gen_ai.tool.call.id",
+        tuple(sorted(_RARE_TOOL_KEYS)),
+        _NOT_SPECIFIED,
+        _ENVELOPE_OPENINGS,
+        _ENVELOPE_NEEDLES,
+        ToolCall,
+    )
+    return compiled.tool_span
+
+
+_fast_tool_span: Final = _bind_tool_span()
 
 
 # -- model spans -----------------------------------------------------------------------------

@@ -95,6 +95,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
+from tripwire.core._compiled import speedups
 from tripwire.core.budget import (
     NANO,
     Charge,
@@ -119,6 +120,7 @@ from tripwire.otel.conventions import (
     MappingStats,
     SpanRole,
     SpanView,
+    _fast_tool_span,
     _int,
     _tool_call,
     classify,
@@ -331,7 +333,30 @@ class _Budget:
 
 
 _pack_hash: Final = struct.Struct("<q").pack
-_CALL_ID_BYTES: Final = 8 * CALL_ID_MEMORY
+
+
+def _py_remember_id(ids: bytes | None, text: str, memory: int) -> bytes:
+    """``ids`` itself when it holds the hash of ``text``, else ``ids`` with that hash appended.
+
+    A memory of recent ids as ``bytes``: the ``hash()`` of up to ``memory`` ids, 8 bytes each,
+    oldest first (``None`` is the empty memory); the oldest is dropped beyond ``memory``.
+    ``bytes`` rather than an ``array``: ``bytes.find`` searches in C where ``in`` on an array
+    makes an ``int`` of every element. The accelerator's ``remember_id`` is its compiled twin.
+    """
+    key = _pack_hash(hash(text))
+    if ids is None:
+        return key
+    at = ids.find(key)
+    while at >= 0:
+        if not at & 7:  # a whole entry, not bytes straddling two
+            return ids
+        at = ids.find(key, at + 1)
+    return (ids[8:] if len(ids) >= 8 * memory else ids) + key
+
+
+_remember_id: Final[Callable[[bytes | None, str, int], bytes]] = (
+    getattr(speedups(), "remember_id", None) or _py_remember_id
+)
 
 
 class _Run:
@@ -344,25 +369,18 @@ class _Run:
         """The loop watcher (``None`` until the trace's first tool call, with budgets)."""
         self.last_seen = now
         self.call_ids: bytes | None = None
-        """The hashes of the last ``CALL_ID_MEMORY`` call ids, 8 bytes each, oldest first
-        (allocated at the first call id). ``bytes`` rather than an ``array``: ``bytes.find``
-        searches in C where ``in`` on an array makes an ``int`` of every element."""
+        """The hashes of the last ``CALL_ID_MEMORY`` call ids (see :func:`_py_remember_id`);
+        ``None`` until the first call id."""
         self.budget: _Budget | None = None
         """Budget counters (only with ``limits``)."""
 
     def seen_call(self, call_id: str) -> bool:
         """True if ``call_id`` was counted recently; else remember it and return False."""
-        key = _pack_hash(hash(call_id))
         ids = self.call_ids
-        if ids is None:
-            self.call_ids = key
-            return False
-        at = ids.find(key)
-        while at >= 0:
-            if not at & 7:  # a whole entry, not bytes straddling two
-                return True
-            at = ids.find(key, at + 1)
-        self.call_ids = (ids[8:] if len(ids) >= _CALL_ID_BYTES else ids) + key
+        remembered = _remember_id(ids, call_id, CALL_ID_MEMORY)
+        if remembered is ids:
+            return True
+        self.call_ids = remembered
         return False
 
 
@@ -430,7 +448,9 @@ class TripwireSpanProcessor(SpanProcessor):
         _check_positive("idle_ttl_s", idle_ttl_s, "a number > 0", integer=False)
         self._inner = inner
         self.policy = policy
-        self.normalizer = normalizer
+        self._normalizer = normalizer
+        # The compiled mapping computes Normalizer.signature itself: not for a subclass.
+        self._fast_tool_span = _fast_tool_span if type(normalizer) is Normalizer else None
         self._callbacks: tuple[VerdictCallback, ...] = (
             (on_verdict,) if callable(on_verdict) else tuple(on_verdict)
         )
@@ -486,6 +506,11 @@ class TripwireSpanProcessor(SpanProcessor):
     def inner(self) -> SpanProcessor | None:
         """The wrapped processor, if any."""
         return self._inner
+
+    @property
+    def normalizer(self) -> Normalizer:
+        """The signature normalizer (set at construction)."""
+        return self._normalizer
 
     def __len__(self) -> int:
         """Active traces being watched."""
@@ -693,25 +718,39 @@ class TripwireSpanProcessor(SpanProcessor):
         except AttributeError:
             start, end, ctx = span.start_time, span.end_time, span.context
             failed = span.status.status_code is _ERROR
-        call = _tool_call(
-            attrs,
-            name,
-            None if start is None else start / 1e9,
-            None if end is None else end / 1e9,
-            (_exception_type(span) or "") if failed else None,
-            self.normalizer,
+        normalizer = self._normalizer
+        # The mapping and the signature (parse, canonicalize, hash), the costly part, outside
+        # the lock: compiled in one call for the common span, else in Python.
+        fast = self._fast_tool_span
+        mapped = (
+            None
+            if fast is None or failed
+            else fast(attrs, start, end, normalizer.volatile_keys, normalizer.max_bytes)
         )
-        if call is None:
-            self.mapping_stats.malformed += 1
-            return span
+        if mapped is not None:
+            call, sig = mapped
+            if sig is None:
+                sig = normalizer.signature(call.tool, call.arguments)
+        else:
+            call = _tool_call(
+                attrs,
+                name,
+                None if start is None else start / 1e9,
+                None if end is None else end / 1e9,
+                (_exception_type(span) or "") if failed else None,
+                normalizer,
+            )
+            if call is None:
+                self.mapping_stats.malformed += 1
+                return span
+            sig = normalizer.signature(call.tool, call.arguments)
         self.mapping_stats.tool_spans += 1
-        normalizer = self.normalizer
-        # The signature (parse, canonicalize, hash) is the costly part: outside the lock.
-        sig = normalizer.signature(call.tool, call.arguments)
         tid: int = ctx.trace_id
         now = self._clock()
         stops: list[tuple[Stop, bool]] | None = None
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             runs = self._runs
             run = runs.get(tid)
             if run is not None and now - run.last_seen <= self.idle_ttl_s:
@@ -721,19 +760,12 @@ class TripwireSpanProcessor(SpanProcessor):
                 run = self._run_for(tid, now)
             call_id = call.call_id
             if call_id is not None:
-                # run.seen_call(call_id), inlined
-                key = _pack_hash(hash(call_id))
-                ids = run.call_ids
-                if ids is None:
-                    run.call_ids = key
-                else:
-                    at = ids.find(key)
-                    while at >= 0:
-                        if not at & 7:
-                            self.stats.duplicate_calls += 1
-                            return span
-                        at = ids.find(key, at + 1)
-                    run.call_ids = (ids[8:] if len(ids) >= _CALL_ID_BYTES else ids) + key
+                ids = run.call_ids  # run.seen_call(call_id), inlined
+                remembered = _remember_id(ids, call_id, CALL_ID_MEMORY)
+                if remembered is ids:
+                    self.stats.duplicate_calls += 1
+                    return span
+                run.call_ids = remembered
             self.stats.tool_calls += 1
             state = run.state
             if state is None:
@@ -742,6 +774,8 @@ class TripwireSpanProcessor(SpanProcessor):
             assessment = evaluate(state, call, self.policy, normalizer, signature=sig)
             if self._limits is not None:
                 stops = self._charge_tool(self._limits, run, span, call.tool)
+        finally:
+            lock.release()
         if assessment is None and not stops:
             return span  # the verdict did not change: the common case
         # A run's first verdict, "working", is not news: nothing to report.
