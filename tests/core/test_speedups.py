@@ -30,6 +30,12 @@ try:
 except ImportError:  # pragma: no cover - depends on the build
     _speedups = None  # type: ignore[assignment]
 
+if os.environ.get("TRIPWIRE_NO_EXTENSIONS", "").strip() not in ("", "0"):
+    pytest.skip(
+        "SKIPPED LOUDLY: TRIPWIRE_NO_EXTENSIONS is set, so the compiled accelerator is not in "
+        "use; only the Python reference was tested",
+        allow_module_level=True,
+    )
 if _speedups is None:
     if os.environ.get("CI", "").lower() == "true":
         raise RuntimeError(
