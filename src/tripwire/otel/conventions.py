@@ -595,6 +595,8 @@ def _bind_tool_span() -> Any:
 
 
 _fast_tool_span: Final = _bind_tool_span()
+"""What :func:`_bind_tool_span` describes, bound once at import; ``None`` without the accelerator
+(the span processor then maps every tool span with :func:`_tool_call`)."""
 
 
 # -- model spans -----------------------------------------------------------------------------
