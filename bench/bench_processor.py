@@ -41,7 +41,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from tripwire.core.watch import COMPILED
+from tripwire.core.watch import _FIRST_WORKING, COMPILED
 from tripwire.otel import KillFlags, TripwireSpanProcessor
 from tripwire.testing import deep_sizeof as shared_aware_sizeof
 
@@ -190,13 +190,14 @@ def bench_memory() -> dict[str, float]:
     run = tw._runs[tid]
     # What one more active trace costs: leave out what every trace shares with the process
     # (the policy and normalizer, their version strings, the constant working reason, the
-    # tool name interned by the span).
+    # first "working" verdict every run shares, the tool name interned by the span).
     shared = (
         tw.policy,
         tw.normalizer,
         tw.policy.version,
         tw.normalizer.version,
         "no loop rule tripped",
+        *_FIRST_WORKING.values(),
         "search_docs",
     )
     per_trace_deep = shared_aware_sizeof(run, exclude=shared)

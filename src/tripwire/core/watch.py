@@ -482,7 +482,25 @@ def _set(state: RunState, assessment: Assessment) -> Assessment | None:
     return assessment
 
 
+_FIRST_WORKING: Final[dict[tuple[str, str, int], Assessment]] = {}
+"""Every run's first verdict, ``working`` at call 1, by policy, normalizer and window: one
+frozen value shared by the runs it describes (held by every active run, it would otherwise cost
+each one its own copy)."""
+
+
 def _working(call: ToolCall, index: int, policy: LoopPolicy, normalizer: Normalizer) -> Assessment:
+    if index == 1:
+        key = (policy.version, normalizer.version, policy.window)
+        shared = _FIRST_WORKING.get(key)
+        if shared is None:
+            if len(_FIRST_WORKING) >= 64:
+                _FIRST_WORKING.clear()  # a pure cache: bounded, and correct when emptied
+            shared = _FIRST_WORKING[key] = _new_working(index, policy, normalizer)
+        return shared
+    return _new_working(index, policy, normalizer)
+
+
+def _new_working(index: int, policy: LoopPolicy, normalizer: Normalizer) -> Assessment:
     return Assessment(
         verdict=Verdict.WORKING,
         call_index=index,
