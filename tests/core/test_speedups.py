@@ -245,6 +245,13 @@ def test_a_long_run_leaks_neither_memory_nor_references() -> None:
                 C_EVALUATE(state, call, policy, DEFAULT_NORMALIZER, signature=sig)
 
     run(1)  # warm the caches
+    kept = bytes_kept(run)
+    assert kept < 4096, f"{kept} bytes kept after 8,000 more calls"
+    assert sys.getrefcount(digest) == refs_before
+
+
+def bytes_kept(run: Any) -> int:
+    """The memory ``run(20)`` leaves allocated beyond what ``run(1)`` left (caches warmed)."""
     gc.collect()
     tracemalloc.start()
     try:
@@ -256,8 +263,7 @@ def test_a_long_run_leaks_neither_memory_nor_references() -> None:
         after, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert after - first < 4096, f"{after - first} bytes kept after 8,000 more calls"
-    assert sys.getrefcount(digest) == refs_before
+    return int(after - first)
 
 
 def test_a_state_in_a_reference_cycle_is_collected() -> None:
@@ -576,17 +582,7 @@ def test_the_span_helpers_leak_neither_memory_nor_references() -> None:
                 ids = _speedups.remember_id(ids, attrs["gen_ai.tool.call.id"], 16)
 
     run(1)  # warm the caches (the tool's hash seed is cached: one reference to the name)
-    gc.collect()
     refs_before = sys.getrefcount(tool)
-    tracemalloc.start()
-    try:
-        run(1)
-        gc.collect()
-        first, _ = tracemalloc.get_traced_memory()
-        run(20)
-        gc.collect()
-        after, _ = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert after - first < 4096, f"{after - first} bytes kept after 8,000 more spans"
+    kept = bytes_kept(run)
+    assert kept < 4096, f"{kept} bytes kept after 8,000 more spans"
     assert sys.getrefcount(tool) == refs_before
