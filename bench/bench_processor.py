@@ -11,7 +11,9 @@ Two SDK ``TracerProvider`` objects in one process, each exporting through a
 One measured operation is what an instrumented agent does per tool call: start a span, set 4
 attributes, end it. Cases: a GenAI ``execute_tool`` span with 100 B, 1 KB and 10 KB of JSON
 arguments (each call's arguments differ, so the run stays ``working``, the steady state), and
-a non-tool span (4 HTTP-ish attributes). Rounds alternate bare/tripwire so both see the same
+a non-tool span (4 HTTP-ish attributes); and, without a target, the shape most frameworks emit
+with content capture on: the 100 B tool span plus a ~100 B ``gen_ai.tool.call.result`` (5
+attributes, results distinct). Rounds alternate bare/tripwire so both see the same
 machine state; each round times ``--spans`` operations and reports the per-span mean, and the
 summary gives the median and the interquartile range over rounds, and the ratio of the time
 tripwire *adds* to the bare span's own cost.
@@ -90,6 +92,32 @@ def _time_tool(tracer: trace_api.Tracer, args: list[str], parent: Any) -> float:
     return (time.perf_counter_ns() - t0) / len(args)
 
 
+def _time_tool_with_result(
+    tracer: trace_api.Tracer, args: list[tuple[str, str]], parent: Any
+) -> float:
+    start_span = tracer.start_span
+    t0 = time.perf_counter_ns()
+    for i, (a, result) in enumerate(args):
+        span = start_span("execute_tool search_docs", context=parent)
+        span.set_attribute("gen_ai.operation.name", "execute_tool")
+        span.set_attribute("gen_ai.tool.name", "search_docs")
+        span.set_attribute("gen_ai.tool.call.id", f"call_{i}")
+        span.set_attribute("gen_ai.tool.call.arguments", a)
+        span.set_attribute("gen_ai.tool.call.result", result)
+        span.end()
+    return (time.perf_counter_ns() - t0) / len(args)
+
+
+def _results(n: int) -> list[str]:
+    """``n`` distinct results of about 100 B (distinct without their digits, as digests see)."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return [
+        f"Found 2 documents about refunds: policy-{letters[i % 26]}{letters[i // 26 % 26]}"
+        f"{letters[i // 676 % 26]}.md, faq.md (updated 2026-11-30)"
+        for i in range(n)
+    ]
+
+
 def _time_other(tracer: trace_api.Tracer, n: int, parent: Any) -> float:
     start_span = tracer.start_span
     t0 = time.perf_counter_ns()
@@ -130,6 +158,7 @@ def bench_spans(rounds: int, spans: int) -> dict[str, dict[str, float]]:
         "tool 1 KB": _arguments(1024, spans),
         "tool 10 KB": _arguments(10 * 1024, spans),
         "non-tool": None,
+        "tool+result": list(zip(_arguments(100, spans), _results(spans), strict=True)),
     }
     results: dict[str, dict[str, float]] = {}
     for name, args in cases.items():
@@ -143,11 +172,12 @@ def bench_spans(rounds: int, spans: int) -> dict[str, dict[str, float]]:
                 parent = _parent(rng)
                 gc.disable()
                 try:
-                    cost = (
-                        _time_other(tracer, spans, parent)
-                        if args is None
-                        else _time_tool(tracer, args, parent)
-                    )
+                    if args is None:
+                        cost = _time_other(tracer, spans, parent)
+                    elif name == "tool+result":
+                        cost = _time_tool_with_result(tracer, args, parent)
+                    else:
+                        cost = _time_tool(tracer, args, parent)
                 finally:
                     gc.enable()
                 if r >= 2:  # two warm-up rounds
@@ -223,7 +253,13 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=500)
     opts = parser.parse_args()
 
-    targets = {"tool 100 B": 0.25, "tool 1 KB": 0.75, "tool 10 KB": None, "non-tool": 0.05}
+    targets = {
+        "tool 100 B": 0.25,
+        "tool 1 KB": 0.75,
+        "tool 10 KB": None,
+        "non-tool": 0.05,
+        "tool+result": None,
+    }
     accelerator = "compiled accelerator" if COMPILED else "pure Python (no accelerator)"
     print(
         f"python {sys.version.split()[0]}, {accelerator}; "
@@ -236,7 +272,7 @@ def main() -> None:
     for name, r in bench_spans(opts.rounds, opts.spans).items():
         target = targets[name]
         verdict = "" if target is None else ("ok" if r["added_ratio"] <= target else "MISS")
-        tgt = "cap" if target is None else f"≤{target:.2f}x"
+        tgt = ("cap" if name == "tool 10 KB" else "-") if target is None else f"≤{target:.2f}x"
         print(
             f"{name:<12} {r['bare_ns']:>9.0f} {r['bare_iqr']:>7.0f} {r['tripwire_ns']:>12.0f}"
             f" {r['tripwire_iqr']:>7.0f} {r['added_ratio']:>6.2f}x {tgt:>7} {verdict}"

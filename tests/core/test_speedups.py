@@ -444,8 +444,11 @@ def test_json_signature_answers_the_common_case_and_leaves_the_rest() -> None:
 TOOL_KEYS = [
     "gen_ai.tool.name", "gen_ai.tool.call.arguments", "gen_ai.tool.call.id",
     "gen_ai.tool.call.result", "error.type", "pydantic_ai.tool.retry.attempt", "tool.name",
-    "output.value", "input.value", "http.route",
+    "output.value", "input.value", "http.route", "tool_response", "traceloop.entity.output",
+    "gcp.vertex.agent.tool_response", "pydantic_ai.tool.retry.cause",
 ]  # fmt: skip
+RESULT_KEYS = ["gen_ai.tool.call.result", "output.value", "tool_response", "traceloop.entity.output"]
+MAY_HOLD_VOLATILE = DEFAULT_NORMALIZER._may_hold_volatile
 
 
 class Text(str):
@@ -459,6 +462,11 @@ span_values = st.one_of(
             "search_docs", "", "<not specified>", "call_1", '{"input_str": "x", "inputs": {}}',
             '{"inputs": {"q": 1}, "input_str": "x"}', '{"args": [], "kwargs": {"q": 1}}',
             '{"input_string": 1}', '{"q_1": "a"}', "{}",
+            # results: plain, with digits, a ToolMessage, an ADK retry report, volatile keys
+            "Found 3 documents", "no_results", "ok \ud800", '{"status": "ok", "n": 12}',
+            '{"type": "tool", "data": {"content": "x", "tool_call_id": "call_7"}}',
+            '{"response_type": "ERROR_HANDLED_BY_REFLECT_AND_RETRY_PLUGIN", "error_type": "E"}',
+            '{"rows": 1, "request_id": "r-1"}', '{"\\u006eonce": 2}',
         ]
     ),
     st.text(max_size=10),
@@ -467,9 +475,10 @@ span_values = st.one_of(
     st.builds(Text, st.sampled_from(["search_docs", "call_2", '{"q": 1}'])),
 )  # fmt: skip
 span_attrs = st.builds(
-    lambda tool, args, extra: {**extra, **tool, **args},
+    lambda tool, args, result, extra: {**extra, **tool, **args, **result},
     st.fixed_dictionaries({}, optional={"gen_ai.tool.name": st.sampled_from(["search_docs", "é"]) | span_values}),
     st.fixed_dictionaries({}, optional={"gen_ai.tool.call.arguments": span_values}),
+    st.dictionaries(st.sampled_from(RESULT_KEYS), span_values, max_size=2),
     st.dictionaries(st.sampled_from(TOOL_KEYS), span_values, max_size=3),
 )
 nanos = st.none() | st.integers(0, 2**63 - 1)
@@ -481,7 +490,9 @@ def test_tool_span_agrees_with_the_python_mapping(
     attrs: dict[str, Any], start: int | None, end: int | None
 ) -> None:
     normalizer = DEFAULT_NORMALIZER
-    got = _speedups.tool_span(attrs, start, end, normalizer.volatile_keys, normalizer.max_bytes)
+    got = _speedups.tool_span(
+        attrs, start, end, normalizer.volatile_keys, normalizer.max_bytes, MAY_HOLD_VOLATILE
+    )
     if got is None:
         return
     call, sig = got
@@ -502,24 +513,41 @@ def test_tool_span_agrees_with_the_python_mapping(
         assert sig == pure_signature(call.tool, call.arguments)
 
 
+def tool_span(attrs: dict[str, Any], start: int | None = None, end: int | None = None) -> Any:
+    n = DEFAULT_NORMALIZER
+    return _speedups.tool_span(attrs, start, end, n.volatile_keys, n.max_bytes, MAY_HOLD_VOLATILE)
+
+
 def test_tool_span_maps_the_common_span_and_leaves_the_rest() -> None:
-    keys, cap = DEFAULT_NORMALIZER.volatile_keys, DEFAULT_NORMALIZER.max_bytes
     plain = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": "search_docs",
         "gen_ai.tool.call.id": "call_1",
         "gen_ai.tool.call.arguments": '{"query": "refund", "max_results": 5}',
     }
-    got = _speedups.tool_span(plain, 1_000_000_000, 3_000_000_000, keys, cap)
+    got = tool_span(plain, 1_000_000_000, 3_000_000_000)
     assert got is not None
     call, sig = got
     assert (call.tool, call.call_id, call.start_s, call.end_s) == ("search_docs", "call_1", 1.0, 3.0)
+    assert call.result_digest is None
     assert sig is not None and sig == pure_signature("search_docs", call.arguments)
     no_id = {**plain, "gen_ai.tool.call.id": "<not specified>"}
-    assert _speedups.tool_span(no_id, None, None, keys, cap)[0].call_id is None
-    # Answered in Python: a result, an envelope, no arguments, no usable tool name.
+    assert tool_span(no_id)[0].call_id is None
+    # A plain result is digested as the Python mapping digests it (digits do not count).
+    with_result = {**plain, "tool_response": "Found 3 documents"}
+    call = tool_span(with_result)[0]
+    assert call.result_digest == _tool_call(with_result, "x", None, None, None).result_digest
+    assert call.result_digest == tool_span({**plain, "tool_response": "Found 12 documents"})[0].result_digest
+    assert call.result_digest != tool_span({**plain, "tool_response": "Found no documents"})[0].result_digest
+    # Answered in Python: an error or retry attribute, a result to unwrap or strip, an
+    # envelope, no arguments, no usable tool name.
     for attrs in (
-        {**plain, "gen_ai.tool.call.result": "ok"},
+        {**plain, "error.type": "ValueError"},
+        {**plain, "pydantic_ai.tool.retry.cause": "x"},
+        {**plain, "gen_ai.tool.call.result": '{"content": "x", "tool_call_id": "call_1"}'},
+        {**plain, "gen_ai.tool.call.result": '{"response_type": "ERROR_HANDLED_BY_REFLECT_AND_RETRY_PLUGIN"}'},
+        {**plain, "gen_ai.tool.call.result": '{"rows": [], "request_id": "r-1"}'},
+        {**plain, "gen_ai.tool.call.result": 42},
         {**plain, "gen_ai.tool.call.arguments": '{"input_str": "x", "inputs": {"q": 1}}'},
         {**plain, "gen_ai.tool.call.arguments": '{"tags": [], "inputs": {}, "input_str": "x"}'},
         {**plain, "gen_ai.tool.call.arguments": '{"args": [], "sanitize_inputs_outputs": true}'},
@@ -527,11 +555,11 @@ def test_tool_span_maps_the_common_span_and_leaves_the_rest() -> None:
         {**plain, "gen_ai.tool.name": ""},
         {**plain, "gen_ai.tool.name": Text("search_docs")},
     ):
-        assert _speedups.tool_span(attrs, None, None, keys, cap) is None
-    # Volatile keys: the call is mapped, the signature left to Python.
-    got = _speedups.tool_span({**plain, "gen_ai.tool.call.arguments": '{"nonce": 1}'}, None, None, keys, cap)
+        assert tool_span(attrs) is None, attrs
+    # Volatile keys in the arguments: the call is mapped, the signature left to Python.
+    got = tool_span({**plain, "gen_ai.tool.call.arguments": '{"nonce": 1}'})
     assert got is not None and got[1] is None
-    with pytest.raises(TypeError, match="5 arguments"):
+    with pytest.raises(TypeError, match="6 arguments"):
         _speedups.tool_span(plain, None, None)
 
 
@@ -563,12 +591,13 @@ def test_remember_id_errors_are_clear() -> None:
 def test_the_span_helpers_leak_neither_memory_nor_references() -> None:
     keys, cap = DEFAULT_NORMALIZER.volatile_keys, DEFAULT_NORMALIZER.max_bytes
     tool = "search_docs_leak_check"
+    results = ["Found 3 documents", '{"request_id": 1}', "plain", 7]
     spans = [
         {
             "gen_ai.tool.name": tool,
             "gen_ai.tool.call.id": f"call_{i}" if i % 3 else "<not specified>",
             "gen_ai.tool.call.arguments": f'{{"query": "{i}", "nonce": 1}}' if i % 4 == 0 else f'[{i}, {{"a": 1.5}}]',
-            **({"gen_ai.tool.call.result": "x"} if i % 5 == 0 else {}),
+            **({"gen_ai.tool.call.result": results[i % 4]} if i % 5 else {}),
         }
         for i in range(400)
     ]
@@ -577,7 +606,7 @@ def test_the_span_helpers_leak_neither_memory_nor_references() -> None:
         ids: bytes | None = None
         for _ in range(n):
             for i, attrs in enumerate(spans):
-                _speedups.tool_span(attrs, i, i + 1, keys, cap)
+                _speedups.tool_span(attrs, i, i + 1, keys, cap, MAY_HOLD_VOLATILE)
                 _speedups.json_signature(tool, attrs["gen_ai.tool.call.arguments"], keys, cap)
                 ids = _speedups.remember_id(ids, attrs["gen_ai.tool.call.id"], 16)
 

@@ -1206,6 +1206,8 @@ static PyObject *sig_seed = NULL;       /* _seed(tool, kind) */
 static PyObject *sig_seeds = NULL;      /* _JSON_SEEDS */
 static PyObject *sig_kind = NULL;       /* ArgsKind.JSON */
 static PyObject *sig_type = NULL;       /* Signature */
+static PyObject *sig_result_hash = NULL; /* xxhash.xxh3_128_hexdigest */
+static PyObject *sig_result_seed = NULL; /* the result digests' seed */
 
 /* json_signature(tool, text, keys, max_bytes) -> Signature | None
  *
@@ -1301,10 +1303,14 @@ json_signature_of(PyObject *tool, PyObject *text, PyObject *keys, Py_ssize_t max
 static PyObject *
 bind_signature(PyObject *module, PyObject *args)
 {
-    PyObject *decode, *errors, *encode, *hash, *seed, *seeds, *kind, *type;
-    if (!PyArg_ParseTuple(args, "OOOOOO!OO:bind_signature", &decode, &errors, &encode, &hash,
-                          &seed, &PyDict_Type, &seeds, &kind, &type))
+    PyObject *decode, *errors, *encode, *hash, *seed, *seeds, *kind, *type, *rhash, *rseed;
+    if (!PyArg_ParseTuple(args, "OOOOOO!OOOO:bind_signature", &decode, &errors, &encode, &hash,
+                          &seed, &PyDict_Type, &seeds, &kind, &type, &rhash, &rseed))
         return NULL;
+    Py_INCREF(rhash);
+    Py_XSETREF(sig_result_hash, rhash);
+    Py_INCREF(rseed);
+    Py_XSETREF(sig_result_seed, rseed);
     Py_INCREF(decode);
     Py_XSETREF(sig_decode, decode);
     Py_INCREF(errors);
@@ -1331,13 +1337,16 @@ bind_signature(PyObject *module, PyObject *args)
 static PyObject *ts_tool_key = NULL;    /* the tool name's key */
 static PyObject *ts_args_key = NULL;    /* the arguments' key */
 static PyObject *ts_id_key = NULL;      /* the call id's key */
-static PyObject *ts_rare_keys = NULL;   /* tuple: keys whose presence needs the Python path */
-static PyObject *ts_rare_set = NULL;    /* the same keys, a frozenset */
+static PyObject *ts_result_keys = NULL; /* tuple: where a result is, in the order tried */
+static PyObject *ts_other_keys = NULL;  /* tuple: error and retry keys (the Python path) */
+static PyObject *ts_rare_set = NULL;    /* the result, error and retry keys, a frozenset */
+static PyObject *ts_result_set = NULL;  /* the result keys, a frozenset */
+static PyObject *ts_result_needles = NULL; /* tuple: substrings of results the Python path reads */
 static PyObject *ts_no_id = NULL;       /* the placeholder that means "no call id" */
 static PyObject *ts_prefixes = NULL;    /* tuple: openings of wrapped arguments */
 static PyObject *ts_needles = NULL;     /* tuple: substrings that together mean wrapped */
 static PyObject *ts_call_type = NULL;   /* ToolCall */
-static PyObject *ts_kwnames = NULL;     /* ("tool", "arguments", "call_id", "start_s", "end_s") */
+static PyObject *ts_kwnames = NULL;     /* ToolCall's fields tool_span sets */
 static PyObject *ts_billion = NULL;     /* 1e9 */
 
 /* Seconds from nanoseconds as the Python path writes it (None stays None). */
@@ -1349,22 +1358,88 @@ seconds(PyObject *ns)
     return PyNumber_TrueDivide(ns, ts_billion);
 }
 
-/* tool_span(attrs, start_ns, end_ns, keys, max_bytes) -> (ToolCall, Signature | None) | None
+/* 1 when text holds an underscore and any of the tuple's substrings, 0 when not, -1 on error.
+ * (Every wrapping the Python mapping unwraps needs an underscore: it rules most text out at
+ * memory speed.) */
+static int
+holds_marker(PyObject *text, PyObject *needles)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    Py_ssize_t found = PyUnicode_FindChar(text, '_', 0, n, 1);
+    if (found < 0)
+        return found == -1 ? 0 : -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(needles); i++) {
+        found = PyUnicode_Find(text, PyTuple_GET_ITEM(needles, i), 0, n, 1);
+        if (found != -1)
+            return found >= 0 ? 1 : -1;
+    }
+    return 0;
+}
+
+/* Normalizer.result_digest of str text, or Py_None (new reference) when the text may hold a
+ * volatile key (the Python path strips it), NULL on error. */
+static PyObject *
+result_digest_of(PyObject *text, Py_ssize_t max_bytes, PyObject *may_hold_volatile)
+{
+    PyObject *raw = PyUnicode_AsEncodedString(text, "utf-8", "surrogatepass");
+    if (raw == NULL)
+        return NULL;
+    Py_ssize_t n = PyBytes_GET_SIZE(raw);
+    if (n <= max_bytes) {
+        PyObject *hit = PyObject_CallOneArg(may_hold_volatile, raw);
+        int may = hit == NULL ? -1 : PyObject_IsTrue(hit);
+        Py_XDECREF(hit);
+        if (may != 0) {
+            Py_DECREF(raw);
+            return may < 0 ? NULL : Py_NewRef(Py_None);
+        }
+    }
+    /* the digits removed, as bytes.translate(None, b"0123456789") */
+    const char *src = PyBytes_AS_STRING(raw);
+    Py_ssize_t digits = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        digits += (unsigned char)(src[i] - '0') < 10;
+    PyObject *payload = raw;
+    if (digits) {
+        payload = PyBytes_FromStringAndSize(NULL, n - digits);
+        if (payload == NULL) {
+            Py_DECREF(raw);
+            return NULL;
+        }
+        char *dst = PyBytes_AS_STRING(payload);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if ((unsigned char)(src[i] - '0') >= 10)
+                *dst++ = src[i];
+        }
+        Py_DECREF(raw);
+    }
+    PyObject *hash_args[2] = {payload, sig_result_seed};
+    PyObject *digest = PyObject_Vectorcall(sig_result_hash, hash_args, 2, NULL);
+    Py_DECREF(payload);
+    return digest;
+}
+
+/* tool_span(attrs, start_ns, end_ns, keys, max_bytes, may_hold_volatile)
+ *     -> (ToolCall, Signature | None) | None
  *
  * tripwire.otel.conventions._tool_call's common case, compiled: a span (that did not fail) with
- * a non-empty str tool name, str arguments that are not wrapped, at most a str call id, and
- * none of the rare keys. The signature is json_signature's (None when the Python path must
- * compute it). None for every other span: the caller maps it in Python. */
+ * a non-empty str tool name, str arguments that are not wrapped, at most a str call id, no error
+ * or retry attribute, and at most a str result that is no ToolMessage, no retry report and
+ * holds no volatile key (may_hold_volatile is the normalizer's test of the result's UTF-8). The
+ * signature is json_signature's (None when the Python path must compute it). None for every
+ * other span: the caller maps it in Python. */
 static PyObject *
 tool_span(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
+    if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError,
-                        "tool_span(attrs, start_ns, end_ns, keys, max_bytes) takes 5 arguments");
+                        "tool_span(attrs, start_ns, end_ns, keys, max_bytes, may_hold_volatile) "
+                        "takes 6 arguments");
         return NULL;
     }
-    if (ts_call_type == NULL || sig_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "tool_span: bind_tool_span() was not called");
+    if (ts_call_type == NULL || sig_type == NULL || sig_result_hash == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "tool_span: bind_tool_span() and bind_signature() were not called");
         return NULL;
     }
     PyObject *attrs = args[0];
@@ -1372,8 +1447,9 @@ tool_span(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     /* Strong references: a lookup may run a key's __eq__, which could change the dict. */
     PyObject *tool = NULL, *raw = NULL, *call_id = NULL, *start = NULL, *end = NULL;
-    PyObject *call = NULL, *sig = NULL, *out = NULL;
+    PyObject *result = NULL, *digest = NULL, *call = NULL, *sig = NULL, *out = NULL;
     Py_ssize_t i, k, n, found;
+    int has_result = 0;
 
     tool = Py_XNewRef(PyDict_GetItemWithError(attrs, ts_tool_key));
     if (tool == NULL || !PyUnicode_CheckExact(tool) || PyUnicode_GET_LENGTH(tool) == 0)
@@ -1423,32 +1499,64 @@ tool_span(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto python;  /* a str subclass: the Python path keeps it as it is */
     else
         Py_SETREF(call_id, Py_NewRef(Py_None));
-    /* None of the rare keys: test the span's keys against the set when they are fewer. */
+    /* No error or retry key; a result key maybe. The span's keys against the set when fewer. */
     if (PyDict_GET_SIZE(attrs) < PySet_GET_SIZE(ts_rare_set)) {
         Py_ssize_t pos = 0;
         PyObject *key, *value;
         while (PyDict_Next(attrs, &pos, &key, &value)) {
-            if (PySet_Contains(ts_rare_set, key) != 0)  /* 1, or -1 for an unhashable key */
-                goto python;
+            int rare = PySet_Contains(ts_rare_set, key);
+            if (rare == 0)
+                continue;
+            if (rare < 0)
+                goto done;
+            int is_result = PySet_Contains(ts_result_set, key);
+            if (is_result <= 0)
+                goto python_or_error;
+            has_result = 1;
         }
     }
     else {
-        k = PyTuple_GET_SIZE(ts_rare_keys);
+        k = PyTuple_GET_SIZE(ts_other_keys);
         for (i = 0; i < k; i++) {
-            if (PyDict_Contains(attrs, PyTuple_GET_ITEM(ts_rare_keys, i)) != 0)
-                goto python;
+            if (PyDict_Contains(attrs, PyTuple_GET_ITEM(ts_other_keys, i)) != 0)
+                goto python_or_error;
         }
+        has_result = 1;  /* look them up */
     }
     Py_ssize_t max_bytes = PyLong_AsSsize_t(args[4]);
     if (max_bytes == -1 && PyErr_Occurred())
         goto done;
+    if (has_result) {
+        k = PyTuple_GET_SIZE(ts_result_keys);
+        for (i = 0; i < k && result == NULL; i++) {
+            PyObject *value = PyDict_GetItemWithError(attrs, PyTuple_GET_ITEM(ts_result_keys, i));
+            if (value == NULL && PyErr_Occurred())
+                goto done;
+            if (value != NULL && value != Py_None)
+                result = Py_NewRef(value);
+        }
+    }
+    if (result == NULL)
+        digest = Py_NewRef(Py_None);
+    else {
+        if (!PyUnicode_CheckExact(result))
+            goto python;
+        int marked = holds_marker(result, ts_result_needles);
+        if (marked != 0)
+            goto python_or_error;
+        digest = result_digest_of(result, max_bytes, args[5]);
+        if (digest == NULL)
+            goto done;
+        if (digest == Py_None)
+            goto python;
+    }
     start = seconds(args[1]);
     if (start == NULL)
         goto done;
     end = seconds(args[2]);
     if (end == NULL)
         goto done;
-    PyObject *values[5] = {tool, raw, call_id, start, end};
+    PyObject *values[6] = {tool, raw, call_id, start, end, digest};
     call = PyObject_Vectorcall(ts_call_type, values, 0, ts_kwnames);
     if (call == NULL)
         goto done;
@@ -1458,6 +1566,9 @@ tool_span(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     out = PyTuple_Pack(2, call, sig);
     goto done;
 
+python_or_error:
+    if (PyErr_Occurred())
+        goto done;
 python:  /* the Python mapping answers (unless a lookup raised) */
     if (!PyErr_Occurred())
         out = Py_NewRef(Py_None);
@@ -1465,6 +1576,8 @@ done:
     Py_XDECREF(tool);
     Py_XDECREF(raw);
     Py_XDECREF(call_id);
+    Py_XDECREF(result);
+    Py_XDECREF(digest);
     Py_XDECREF(start);
     Py_XDECREF(end);
     Py_XDECREF(call);
@@ -1475,13 +1588,15 @@ done:
 static PyObject *
 bind_tool_span(PyObject *module, PyObject *args)
 {
-    PyObject *tool_key, *args_key, *id_key, *rare, *no_id, *prefixes, *needles, *type;
-    if (!PyArg_ParseTuple(args, "UUUO!UO!O!O:bind_tool_span", &tool_key, &args_key, &id_key,
-                          &PyTuple_Type, &rare, &no_id, &PyTuple_Type, &prefixes, &PyTuple_Type,
-                          &needles, &type))
+    PyObject *tool_key, *args_key, *id_key, *result_keys, *other_keys, *no_id, *prefixes;
+    PyObject *needles, *result_needles, *type;
+    if (!PyArg_ParseTuple(args, "UUUO!O!UO!O!O!O:bind_tool_span", &tool_key, &args_key, &id_key,
+                          &PyTuple_Type, &result_keys, &PyTuple_Type, &other_keys, &no_id,
+                          &PyTuple_Type, &prefixes, &PyTuple_Type, &needles, &PyTuple_Type,
+                          &result_needles, &type))
         return NULL;
-    PyObject *tuples[3] = {rare, prefixes, needles};
-    for (int t = 0; t < 3; t++) {
+    PyObject *tuples[5] = {result_keys, other_keys, prefixes, needles, result_needles};
+    for (int t = 0; t < 5; t++) {
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuples[t]); i++) {
             if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(tuples[t], i))) {
                 PyErr_SetString(PyExc_TypeError, "bind_tool_span: keys must be str");
@@ -1493,20 +1608,33 @@ bind_tool_span(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "bind_tool_span: needles must not be empty");
         return NULL;
     }
-    PyObject *rare_set = PyFrozenSet_New(rare);
+    PyObject *both = PySequence_Concat(result_keys, other_keys);
+    if (both == NULL)
+        return NULL;
+    PyObject *rare_set = PyFrozenSet_New(both);
+    Py_DECREF(both);
     if (rare_set == NULL)
         return NULL;
+    PyObject *result_set = PyFrozenSet_New(result_keys);
+    if (result_set == NULL) {
+        Py_DECREF(rare_set);
+        return NULL;
+    }
     Py_XSETREF(ts_rare_set, rare_set);
+    Py_XSETREF(ts_result_set, result_set);
     if (ts_kwnames == NULL) {
-        ts_kwnames = Py_BuildValue("(sssss)", "tool", "arguments", "call_id", "start_s", "end_s");
+        ts_kwnames = Py_BuildValue("(ssssss)", "tool", "arguments", "call_id", "start_s", "end_s",
+                                   "result_digest");
         ts_billion = PyFloat_FromDouble(1e9);
         if (ts_kwnames == NULL || ts_billion == NULL)
             return NULL;
     }
-    PyObject **slots[8] = {&ts_tool_key, &ts_args_key, &ts_id_key, &ts_rare_keys,
-                           &ts_no_id, &ts_prefixes, &ts_needles, &ts_call_type};
-    PyObject *values[8] = {tool_key, args_key, id_key, rare, no_id, prefixes, needles, type};
-    for (int i = 0; i < 8; i++) {
+    PyObject **slots[10] = {&ts_tool_key, &ts_args_key, &ts_id_key, &ts_result_keys,
+                            &ts_other_keys, &ts_no_id, &ts_prefixes, &ts_needles,
+                            &ts_result_needles, &ts_call_type};
+    PyObject *values[10] = {tool_key, args_key, id_key, result_keys, other_keys,
+                            no_id, prefixes, needles, result_needles, type};
+    for (int i = 0; i < 10; i++) {
         Py_INCREF(values[i]);
         Py_XSETREF(*slots[i], values[i]);
     }
@@ -1602,15 +1730,16 @@ static PyMethodDef module_methods[] = {
      "Normalizer.signature of JSON text holding an object or array with no volatile key, "
      "or None when the Python path must answer."},
     {"bind_signature", (PyCFunction)bind_signature, METH_VARARGS,
-     "bind_signature(decode, decode_errors, encode, hash, seed, seeds, json_kind, Signature)\n--\n\n"
+     "bind_signature(decode, decode_errors, encode, hash, seed, seeds, json_kind, Signature, "
+     "result_hash, result_seed)\n--\n\n"
      "Called once by tripwire.core.signature: what json_signature calls."},
     {"tool_span", (PyCFunction)(void (*)(void))tool_span, METH_FASTCALL,
-     "tool_span(attrs, start_ns, end_ns, keys, max_bytes)\n--\n\n"
+     "tool_span(attrs, start_ns, end_ns, keys, max_bytes, may_hold_volatile)\n--\n\n"
      "(ToolCall, Signature or None) for the common tool span, or None when the Python "
      "mapping must answer."},
     {"bind_tool_span", (PyCFunction)bind_tool_span, METH_VARARGS,
-     "bind_tool_span(tool_key, args_key, id_key, rare_keys, no_id, prefixes, needles, "
-     "ToolCall)\n--\n\n"
+     "bind_tool_span(tool_key, args_key, id_key, result_keys, other_keys, no_id, prefixes, "
+     "needles, result_needles, ToolCall)\n--\n\n"
      "Called once by tripwire.otel.conventions: the attribute keys tool_span reads."},
     {"remember_id", (PyCFunction)(void (*)(void))remember_id, METH_FASTCALL,
      "remember_id(ids, text, memory)\n--\n\n"

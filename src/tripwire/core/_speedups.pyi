@@ -41,18 +41,27 @@ def bind_signature(
     seeds: dict[str, int],
     json_kind: Any,
     signature_type: type,
+    result_hash: Callable[[bytes, int], str],
+    result_seed: int,
 ) -> None: ...
 def tool_span(
-    attrs: dict[str, Any], start_ns: int | None, end_ns: int | None, keys: frozenset[str], max_bytes: int
+    attrs: dict[str, Any],
+    start_ns: int | None,
+    end_ns: int | None,
+    keys: frozenset[str],
+    max_bytes: int,
+    may_hold_volatile: Callable[[bytes], bool],
 ) -> tuple[Any, Any] | None: ...
 def bind_tool_span(
     tool_key: str,
     args_key: str,
     id_key: str,
-    rare_keys: tuple[str, ...],
+    result_keys: tuple[str, ...],
+    other_keys: tuple[str, ...],
     no_id: str,
     prefixes: tuple[str, ...],
     needles: tuple[str, ...],
+    result_needles: tuple[str, ...],
     call_type: type,
 ) -> None: ...
 def remember_id(ids: bytes | None, text: str, memory: int) -> bytes: ...

@@ -302,7 +302,7 @@ def _bind_json_signature() -> Any:
         return None
     compiled.bind_signature(
         _decode_json, _DECODE_ERRORS, _encode_msgpack, _xxh3_128, _seed, _JSON_SEEDS, _JSON,
-        Signature,
+        Signature, _xxh3_128_hex, _RESULT_SEED,
     )
     return compiled.json_signature
 

@@ -383,9 +383,13 @@ def _arguments(attrs: Mapping[str, Any]) -> tuple[Any, str | None]:
     return ABSENT, None
 
 
+_TOOL_MESSAGE_KEY: Final = '"tool_call_id"'
+"""In a result, a LangChain ToolMessage's key (with an underscore, as every wrapping has)."""
+
+
 def _unwrap_result(value: Any) -> tuple[Any, str | None]:
     """(the stable part of a result, call id found in it) — unwraps LangChain ToolMessages."""
-    if not isinstance(value, str) or "_" not in value or '"tool_call_id"' not in value:
+    if not isinstance(value, str) or "_" not in value or _TOOL_MESSAGE_KEY not in value:
         return value, None  # (the "_" test: see _has_envelope_keys)
     obj = _json(value)
     if not isinstance(obj, dict):
@@ -571,12 +575,13 @@ def _tool_call(
 def _bind_tool_span() -> Any:
     """The compiled common case of :func:`_tool_call` with the signature, or ``None``.
 
-    ``(attrs, start_ns, end_ns, volatile_keys, max_bytes) -> (ToolCall, Signature | None) |
-    None``: for a span that did not fail, with a plain ``gen_ai.tool.name``, plain string
-    arguments and none of :data:`_RARE_TOOL_KEYS`, the call :func:`_tool_call` maps and the
-    signature :meth:`Normalizer.signature` computes (``None`` when only the Python path can);
-    ``None`` for every other span. ``tests/core/test_speedups.py`` holds the two to the same
-    answers.
+    ``(attrs, start_ns, end_ns, volatile_keys, max_bytes, may_hold_volatile) -> (ToolCall,
+    Signature | None) | None``, the last three from the normalizer: for a span that did not
+    fail, with a plain ``gen_ai.tool.name``, plain string arguments, no error or retry
+    attribute, and at most a plain string result (no ToolMessage, no retry report, no volatile
+    key), the call :func:`_tool_call` maps and the signature :meth:`Normalizer.signature`
+    computes (``None`` when only the Python path can); ``None`` for every other span.
+    ``tests/core/test_speedups.py`` holds the two to the same answers.
     """
     compiled = speedups()
     if compiled is None or not hasattr(compiled, "tool_span"):
@@ -585,10 +590,12 @@ def _bind_tool_span() -> Any:
         "gen_ai.tool.name",
         "gen_ai.tool.call.arguments",
         "gen_ai.tool.call.id",
-        tuple(sorted(_RARE_TOOL_KEYS)),
+        _RESULT_KEYS,
+        tuple(sorted(_RARE_TOOL_KEYS.difference(_RESULT_KEYS))),
         _NOT_SPECIFIED,
         _ENVELOPE_OPENINGS,
         _ENVELOPE_NEEDLES,
+        (_TOOL_MESSAGE_KEY, _ADK_RETRY_RESPONSE),
         ToolCall,
     )
     return compiled.tool_span

@@ -449,8 +449,15 @@ class TripwireSpanProcessor(SpanProcessor):
         self._inner = inner
         self.policy = policy
         self._normalizer = normalizer
-        # The compiled mapping computes Normalizer.signature itself: not for a subclass.
-        self._fast_tool_span = _fast_tool_span if type(normalizer) is Normalizer else None
+        # The compiled mapping computes Normalizer.signature and result_digest itself: not for
+        # a subclass, nor for another object that only looks like a normalizer.
+        self._fast_tool_span = None
+        self._fast_args: tuple[Any, ...] = ()
+        if type(normalizer) is Normalizer and _fast_tool_span is not None:
+            self._fast_tool_span = _fast_tool_span
+            self._fast_args = (
+                normalizer.volatile_keys, normalizer.max_bytes, normalizer._may_hold_volatile
+            )
         self._callbacks: tuple[VerdictCallback, ...] = (
             (on_verdict,) if callable(on_verdict) else tuple(on_verdict)
         )
@@ -725,7 +732,7 @@ class TripwireSpanProcessor(SpanProcessor):
         mapped = (
             None
             if fast is None or failed
-            else fast(attrs, start, end, normalizer.volatile_keys, normalizer.max_bytes)
+            else fast(attrs, start, end, *self._fast_args)
         )
         if mapped is not None:
             call, sig = mapped
