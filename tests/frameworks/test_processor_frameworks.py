@@ -184,3 +184,48 @@ def test_looping_and_working_agents_are_judged_separately(fw: Framework, setup: 
     assert len(distinct_done) == harness.DISTINCT_CALLS  # the working agent was never refused
     if fw.context_in_tools:
         assert setup.executed.count("refund policy") == 4
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS, ids=lambda f: f.name)
+def test_the_compiled_mapping_agrees_on_the_frameworks_own_spans(fw: Framework) -> None:
+    """Every tool span a framework really emits maps to the same call and signature whether the
+    processor's compiled mapping or the Python one reads it; GenAI-convention emitters (their
+    spans carry plain ``gen_ai.tool.call.arguments``) take the compiled one."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tripwire.core.signature import DEFAULT_NORMALIZER as normalizer
+    from tripwire.otel.conventions import SpanRole, _fast_tool_span, _tool_call, classify
+
+    if _fast_tool_span is None:
+        pytest.skip("SKIPPED LOUDLY: the compiled accelerator is not built or is switched off")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    _run(fw, False, provider)
+    compiled = 0
+    tool_spans = 0
+    for span in exporter.get_finished_spans():
+        attrs = dict(span.attributes or {})
+        if classify(attrs, span.name, span.parent and "parent") is not SpanRole.TOOL:
+            continue
+        tool_spans += 1
+        if not span.status.is_ok:
+            continue  # failed spans always take the Python mapping
+        fast = _fast_tool_span(
+            attrs, span.start_time, span.end_time, normalizer.volatile_keys, normalizer.max_bytes,
+            normalizer._may_hold_volatile,
+        )  # fmt: skip
+        if fast is None:
+            continue
+        compiled += 1
+        call, sig = fast
+        expected = _tool_call(
+            attrs, span.name, span.start_time / 1e9, span.end_time / 1e9, None, normalizer
+        )
+        assert call == expected
+        assert sig is None or sig == normalizer.signature(call.tool, call.arguments)
+    provider.shutdown()
+    assert tool_spans >= harness.DISTINCT_CALLS
+    if fw.name in ("pydantic-ai", "google-adk", "openai-agents+openllmetry"):
+        assert compiled >= harness.DISTINCT_CALLS, (compiled, tool_spans)
