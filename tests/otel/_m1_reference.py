@@ -91,7 +91,7 @@ def _int(value: Any) -> int | None:
         return value if value >= 0 else None
     if isinstance(value, float):
         return int(value) if value.is_integer() and value >= 0 else None
-    if isinstance(value, str) and value.isdigit() and len(value) < 20:
+    if isinstance(value, str) and value.isdecimal() and len(value) < 20:  # not "²": int() refuses it
         return int(value)
     return None
 

@@ -701,3 +701,14 @@ def test_tool_span_mapping_needs_no_classification() -> None:
     call = map_tool_span(view("execute_tool t", {"gen_ai.tool.call.arguments": '{"a": 1}'}))
     assert call is not None
     assert (call.tool, call.arguments) == ("t", '{"a": 1}')
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("3", 3), ("٣", 3), ("²", None), ("³", None), ("-1", None), ("1.5", None)]
+)
+def test_integer_attributes_that_only_look_like_digits_are_ignored(value: str, expected: Any) -> None:
+    # "²".isdigit() is True but int("²") raises: such a retry attempt once failed the whole span.
+    call = map_tool_span(
+        view("running tool", {"gen_ai.tool.name": "t", "pydantic_ai.tool.retry.attempt": value})
+    )
+    assert call is not None and call.attempt == expected
