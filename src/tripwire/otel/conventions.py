@@ -35,7 +35,9 @@ Cost: classifying a span that is not an agent span is four key tests and, only f
 holding ``tool``, two string prefix tests; mapping a plain GenAI tool span is three lookups and
 one ``isdisjoint`` (:func:`_tool_call`). JSON is parsed only on tool spans, only when an envelope
 or a ToolMessage is recognized by a substring test (after a one-character ``"_"`` test that
-rules most arguments out at memory speed), and only below :data:`MAX_UNWRAP_BYTES`.
+rules most arguments out at memory speed), and only below :data:`MAX_UNWRAP_BYTES`. With the
+compiled accelerator, the span processor maps the common GenAI tool span, its signature and its
+result digest in one call (:func:`_bind_tool_span`), with the same results.
 
 Nothing here raises on span content: unknown or malformed shapes come back as ``None`` and
 are counted in :class:`MappingStats`. Bump :data:`MAPPING_VERSION` whenever a change could
