@@ -394,15 +394,8 @@ def json_texts(draw: st.DrawFn) -> str:
 
 
 def pure_signature(tool: str, arguments: Any, normalizer: Any = DEFAULT_NORMALIZER) -> Any:
-    """Normalizer.signature with the compiled JSON path switched off (the Python reference)."""
-    from tripwire.core import signature as module
-
-    compiled = module._json_signature
-    module._json_signature = None  # type: ignore[misc]
-    try:
-        return normalizer.signature(tool, arguments)
-    finally:
-        module._json_signature = compiled  # type: ignore[misc]
+    """Normalizer.signature without the compiled JSON path (the Python reference)."""
+    return normalizer._python_signature(tool, arguments)
 
 
 @settings(max_examples=600, deadline=None)

@@ -496,11 +496,16 @@ class Normalizer:
 
         Never raises for any argument value: hostile input gets a defined signature.
         """
+        if _json_signature is not None and type(arguments) is str:
+            sig = _json_signature(tool, arguments, self.volatile_keys, self.max_bytes)
+            if sig is not None:
+                return sig  # type: ignore[no-any-return]
+        return self._python_signature(tool, arguments)
+
+    def _python_signature(self, tool: str, arguments: Any) -> Signature:
+        """:meth:`signature` without the compiled JSON path: the reference, and what a caller
+        asks once the compiled path has declined (so as not to decode and walk twice)."""
         if type(arguments) is str:
-            if _json_signature is not None:
-                sig = _json_signature(tool, arguments, self.volatile_keys, self.max_bytes)
-                if sig is not None:
-                    return sig  # type: ignore[no-any-return]
             # The hot path (a JSON string, as traces and LLMs give arguments), inlined: the
             # steps of _canonical_text, minus a few calls and, for ASCII text (whose length is
             # its size in bytes), minus the copy to bytes: msgspec reads the str in place.

@@ -736,8 +736,8 @@ class TripwireSpanProcessor(SpanProcessor):
         )
         if mapped is not None:
             call, sig = mapped
-            if sig is None:
-                sig = normalizer.signature(call.tool, call.arguments)
+            if sig is None:  # the compiled signature declined (volatile keys…): not again
+                sig = normalizer._python_signature(call.tool, call.arguments)
         else:
             call = _tool_call(
                 attrs,
