@@ -113,7 +113,7 @@ class LoopDetected(RunStopped):
         counters: Any = None,
         partial: Any = None,
     ) -> None:
-        from tripwire.core.reasons import Rule, StopReason
+        from tripwire.core.reasons import stop_reason_for
 
         self.rule = rule
         self.tool = tool
@@ -123,11 +123,7 @@ class LoopDetected(RunStopped):
         self.call_index = call_index
         self.digest = digest
         if reason is None:
-            reason = (
-                StopReason.RETRY_OF_NON_RETRYABLE
-                if rule is Rule.RETRY_OF_NON_RETRYABLE
-                else StopReason.LOOP_DETECTED
-            )
+            reason = stop_reason_for(rule)
         if message is None:
             message = _loop_message(rule, tool, hits, window, period, call_index, digest)
         super().__init__(

@@ -68,7 +68,7 @@ from tripwire.core.budget import (
 )
 from tripwire.core.events import ToolCall
 from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy, ResultEvidence
-from tripwire.core.reasons import Rule, StopReason, Verdict
+from tripwire.core.reasons import Rule, StopReason, Verdict, stop_reason_for
 from tripwire.core.results import ToolResult
 from tripwire.core.signature import ABSENT, DEFAULT_NORMALIZER, Normalizer, Signature
 from tripwire.core.watch import Assessment, RunState, evaluate
@@ -709,11 +709,7 @@ class Guard:
         if isinstance(cause, Stop):
             return cause.reason
         if isinstance(cause, Assessment):
-            return (
-                StopReason.RETRY_OF_NON_RETRYABLE
-                if cause.rule is Rule.RETRY_OF_NON_RETRYABLE
-                else StopReason.LOOP_DETECTED
-            )
+            return stop_reason_for(cause.rule)
         return self._finished
 
     def snapshot(self) -> GuardSnapshot:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["ArgsKind", "Rule", "StopReason", "Verdict"]
+__all__ = ["ArgsKind", "Rule", "StopReason", "Verdict", "stop_reason_for"]
 
 
 class Verdict(str, Enum):
@@ -81,3 +81,14 @@ class StopReason(str, Enum):
     TOOL_ERROR = "tool_error"
     USER_CANCELLED = "user_cancelled"
     APPROVAL_REQUIRED = "approval_required"
+
+
+def stop_reason_for(rule: Rule | None) -> StopReason:
+    """The stop reason of a run stopped by loop ``rule``: the one rule → reason mapping.
+
+    A retry of a call whose error was marked non-retryable has its own reason; every other
+    loop rule (and ``None``, a loop stop whose rule was not recorded) is ``loop_detected``.
+    """
+    if rule is Rule.RETRY_OF_NON_RETRYABLE:
+        return StopReason.RETRY_OF_NON_RETRYABLE
+    return StopReason.LOOP_DETECTED

@@ -38,7 +38,7 @@ from typing import Final
 from opentelemetry import trace as trace_api
 
 from tripwire.core.budget import RunCounters, Stop
-from tripwire.core.reasons import Rule, StopReason
+from tripwire.core.reasons import StopReason, stop_reason_for
 from tripwire.core.watch import Assessment
 from tripwire.errors import BudgetExceeded, ConfigError, LoopDetected
 
@@ -113,9 +113,7 @@ class KillFlag:
             return self.stop.reason
         a = self.assessment
         assert a is not None
-        if a.rule is Rule.RETRY_OF_NON_RETRYABLE:
-            return StopReason.RETRY_OF_NON_RETRYABLE
-        return StopReason.LOOP_DETECTED
+        return stop_reason_for(a.rule)
 
     @property
     def is_loop(self) -> bool:
