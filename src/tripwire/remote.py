@@ -178,7 +178,7 @@ class RemoteKill:
         import redis
 
         client = redis.Redis.from_url(self.redis_url or "", socket_timeout=2, socket_connect_timeout=2)
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call, unused-ignore]
         pubsub.subscribe(CHANNEL)
         try:
             self._up()

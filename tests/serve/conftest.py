@@ -21,8 +21,8 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from tripwire.serve import ServeConfig, Service, create_app  # noqa: E402
-from tripwire.store.runs import RunStore  # noqa: E402
+from tripwire.serve import ServeConfig, Service, create_app
+from tripwire.store.runs import RunStore
 
 TOKEN = "test-token-0123456789abcdef"
 

@@ -29,7 +29,7 @@ def recorder(fail_first: int = 0) -> Iterator[Recorder]:
     state: dict[str, Recorder] = {}
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             body = json.loads(self.rfile.read(length) or b"null")
             rec = state["rec"]

@@ -67,6 +67,7 @@ def serve(
     port: Annotated[int, typer.Option(min=1, max=65535, envvar="TRIPWIRE_PORT", help="Port (4318 is OTLP/HTTP's). [env var: TRIPWIRE_PORT]")] = 4318,
     store: Annotated[str | None, typer.Option("--store", envvar="TRIPWIRE_STORE", help="Run store URL: sqlite:///path or postgresql://user@host/db (default: a SQLite file in the user data dir). [env var: TRIPWIRE_STORE]")] = None,
     redis_url: Annotated[str | None, typer.Option("--redis", envvar="TRIPWIRE_REDIS_URL", help="Redis URL for the kill channel (pub/sub + keys). [env var: TRIPWIRE_REDIS_URL]")] = None,
+    state: Annotated[str, typer.Option(envvar="TRIPWIRE_STATE", help="Per-trace state: 'memory' (route spans by trace id, e.g. the Collector's loadbalancing exporter) or 'redis' (stateless receivers; needs --redis). [env var: TRIPWIRE_STATE]")] = "memory",
     token_file: Annotated[Path | None, typer.Option(envvar="TRIPWIRE_TOKEN_FILE", help="File of accepted bearer tokens, one per line (also: TRIPWIRE_TOKEN). [env var: TRIPWIRE_TOKEN_FILE]")] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="Accept requests without a token (trusted loopback only).")] = False,
     preset: Annotated[str | None, typer.Option(envvar="TRIPWIRE_PRESET", help="Loop-policy preset (default, seed…). [env var: TRIPWIRE_PRESET]")] = None,
@@ -129,6 +130,7 @@ def serve(
         config = ServeConfig(
             store_url=store,
             redis_url=redis_url,
+            state=state,
             tokens=tokens,
             auth=not no_auth,
             policy=policy,
@@ -146,7 +148,10 @@ def serve(
         abort(f"cannot open the run store: {type(exc).__name__}: {exc}".split("\n")[0])
     from tripwire.serve.app import Service
 
-    service = Service(config, store=run_store)
+    try:
+        service = Service(config, store=run_store)
+    except ConfigError as exc:
+        abort(str(exc))
     if redis_url and not service.kill.ping():
         abort(f"--redis {redis_url}: Redis does not answer")
     err_console.print(

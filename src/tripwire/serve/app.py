@@ -47,7 +47,7 @@ from starlette.routing import Route
 from tripwire.core.budget import Limits
 from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
-from tripwire.errors import InputError
+from tripwire.errors import ConfigError, InputError
 from tripwire.serve.alerts import Alerts, AlertTarget, Sender
 from tripwire.serve.fleet import Fleet, Outcome
 from tripwire.serve.killchannel import KillChannel, RedisKillChannel, StoreKillChannel, flag_payload
@@ -71,6 +71,9 @@ class ServeConfig:
     """The run store (``sqlite:///…`` or ``postgresql://…``); default the user's SQLite file."""
     redis_url: str | None = None
     """Redis for the kill channel (and, with ``state="redis"``, per-trace state)."""
+    state: str = "memory"
+    """Where per-trace state lives: ``memory`` (route spans by trace id to one receiver) or
+    ``redis`` (stateless receivers behind any load balancer; needs ``redis_url``)."""
     tokens: tuple[str, ...] = ()
     """Accepted bearer tokens; empty with ``auth=False`` only."""
     auth: bool = True
@@ -113,15 +116,28 @@ class Service:
         self.clock = clock
         self.store = store if store is not None else RunStore.open(config.store_url)
         self.metrics = Metrics()
-        self.fleet = Fleet(
-            policy=config.policy,
-            limits=config.limits,
-            normalizer=config.normalizer,
-            reorder_s=config.reorder_s,
-            max_traces=config.max_traces,
-            idle_ttl_s=config.idle_ttl_s,
-            store_raw=config.store_raw,
-        )
+        options: dict[str, Any] = {
+            "policy": config.policy,
+            "limits": config.limits,
+            "normalizer": config.normalizer,
+            "reorder_s": config.reorder_s,
+            "max_traces": config.max_traces,
+            "idle_ttl_s": config.idle_ttl_s,
+            "store_raw": config.store_raw,
+        }
+        if config.state == "redis":
+            if not config.redis_url:
+                raise ConfigError("--state", "redis", "a --redis URL to keep the state in")
+            import redis
+
+            from tripwire.serve.shared_state import RedisFleet
+
+            client = redis.Redis.from_url(config.redis_url, socket_timeout=5, socket_connect_timeout=2)
+            self.fleet: Fleet = RedisFleet(client, **options)
+        elif config.state == "memory":
+            self.fleet = Fleet(**options)
+        else:
+            raise ConfigError("--state", config.state, "'memory' or 'redis'")
         self.kill: KillChannel = (
             RedisKillChannel.from_url(config.redis_url)
             if config.redis_url

@@ -22,22 +22,26 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+import msgspec
+
 from tripwire.core.budget import (
     Limits,
     RunCounters,
+    Stop,
     check_before_step,
     check_charges,
     plan_tool_calls,
 )
 from tripwire.core.events import ModelCall, ToolCall
 from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
-from tripwire.core.reasons import StopReason, Verdict, stop_reason_for
-from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
+from tripwire.core.reasons import ArgsKind, StopReason, Verdict, stop_reason_for
+from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, Signature
 from tripwire.core.watch import Assessment, RunState, evaluate
 from tripwire.otel.conventions import (
     MAPPING_VERSION,
@@ -93,6 +97,54 @@ class Outcome:
     transitions: list[Transition] = field(default_factory=list)
     judged_calls: int = 0
     ended_runs: list[RunRow] = field(default_factory=list)
+
+
+EVENT: Final = 0
+END: Final = 1
+
+
+class Rec(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One entry of a trace's event log: what one span meant for its run (digests only).
+
+    The in-memory fleet applies records as it makes them; the Redis-state fleet appends them
+    to a shared log first, so that every receiver applies the same records in the same order.
+    """
+
+    kind: int = EVENT
+    """``EVENT`` (a span) or ``END`` (the trace went idle: the run is over)."""
+    root: bool = False
+    """The span was the trace's root: the run ends with it."""
+    start: float | None = None
+    end: float | None = None
+    failed: bool = False
+    exception_type: str | None = None
+    service: str | None = None
+    tool: ToolCall | None = None
+    """A tool call (its arguments dropped: ``key`` is their signature)."""
+    key: str | None = None
+    """The call's signature key, 32 hex."""
+    args_kind: str | None = None
+    raw: str | None = None
+    """Raw arguments, clipped (only with ``store_raw``)."""
+    model: ModelCall | None = None
+    agent: str | None = None
+    """A run boundary's agent name."""
+    outer: bool | None = None
+    """For a run boundary: True when it is the trace's outermost (no parent)."""
+    idle: bool = False
+    """For ``END``: the run ended by going quiet, not with its root span."""
+
+    @property
+    def start_s(self) -> float | None:
+        return self.start
+
+    @property
+    def end_s(self) -> float | None:
+        return self.end
+
+    @property
+    def status_error(self) -> bool:
+        return self.failed
 
 
 class _Trace:
@@ -231,8 +283,13 @@ class Fleet:
         if due:
             # Judged in that order (arrival order breaks ties): the reorder itself.
             due.sort(key=lambda item: (item[1], item[2]))
+            records = []
             for _release, _start, _n, view in due:
-                self._one(view, now, out)
+                rec = self._record(view)
+                if rec is not None:
+                    records.append((view.trace_id, rec))
+            if records:
+                self._commit(records, now, out)
         self._end_idle(now, out)
         self._write_dirty(now, out)
         return out
@@ -247,29 +304,69 @@ class Fleet:
 
     # -- one span ----------------------------------------------------------------------------
 
-    def _one(self, view: SpanView, now: float, out: Outcome) -> None:
+    def _record(self, view: SpanView) -> Rec | None:
+        """The span as a record of the trace's event log (digests only: no raw arguments
+        unless ``store_raw``), or ``None`` when it means nothing for the run."""
         event = map_span(view, self.normalizer, self.stats)
-        tid = view.trace_id
-        if event is None:
-            if view.parent_span_id is None and tid in self._traces:
-                self._end(tid, now, out, idle=False, root=view)
+        root = view.parent_span_id is None
+        if event is None and not root:
+            return None
+        service = None
+        if view.resource_attributes:
+            name = view.resource_attributes.get("service.name")
+            if isinstance(name, str):
+                service = name[:200]
+        rec = Rec(
+            root=root,
+            start=view.start_s,
+            end=view.end_s,
+            failed=view.status_error,
+            exception_type=(view.exception_type or None) and view.exception_type[:100],
+            service=service,
+        )
+        if isinstance(event, ToolCall):
+            sig = self.normalizer.signature(event.tool, event.arguments)
+            rec.tool = msgspec.structs.replace(event, arguments=None)
+            rec.key = f"{sig.key:032x}"
+            rec.args_kind = sig.kind.value
+            if self.store_raw:
+                rec.raw = _raw(event.arguments)
+        elif isinstance(event, ModelCall):
+            rec.model = event
+        elif isinstance(event, RunBoundary):
+            rec.agent = event.agent[:200] if event.agent else None
+            rec.outer = event.parent_span_id is None
+        return rec
+
+    def _commit(self, records: list[tuple[str, Rec]], now: float, out: Outcome) -> None:
+        """Apply records in order (the Redis-state fleet first appends them to the shared log)."""
+        for tid, rec in records:
+            self._apply(tid, rec, now, out)
+
+    def _apply(self, tid: str, rec: Rec, now: float, out: Outcome) -> None:
+        if rec.kind == END:
+            if tid in self._traces:
+                self._end(tid, now, out, idle=rec.idle, root=rec if not rec.idle else None)
+            return
+        if rec.tool is None and rec.model is None and rec.outer is None:
+            # A root span that maps to nothing: it only ends the run.
+            if rec.root and tid in self._traces:
+                self._end(tid, now, out, idle=False, root=rec)
             return
         trace = self._trace(tid, now, out)
-        if view.resource_attributes and trace.service is None:
-            service = view.resource_attributes.get("service.name")
-            if isinstance(service, str):
-                trace.service = service[:200]
-        _widen(trace, view)
-        if isinstance(event, ToolCall):
-            self._tool(trace, tid, event, view, now, out)
-        elif isinstance(event, ModelCall):
-            self._model(trace, tid, event, now, out)
-        elif isinstance(event, RunBoundary):
-            if event.agent and (trace.agent is None or event.parent_span_id is None):
-                trace.agent = event.agent[:200]
+        if rec.service and trace.service is None:
+            trace.service = rec.service
+        _widen(trace, rec)
+        if rec.tool is not None:
+            self._tool(trace, tid, rec, now, out)
+        elif rec.model is not None:
+            self._model(trace, tid, rec.model, now, out)
+        elif rec.outer is not None:
+            if rec.agent and (trace.agent is None or rec.outer):
+                trace.agent = rec.agent
             trace.dirty = True
-        if view.parent_span_id is None:
-            self._end(tid, now, out, idle=False, root=view)
+        if rec.root:
+            self._end(tid, now, out, idle=False, root=rec)
 
     def _trace(self, tid: str, now: float, out: Outcome) -> _Trace:
         traces = self._traces
@@ -277,16 +374,19 @@ class Fleet:
         if trace is None:
             trace = traces[tid] = _Trace(now)
             while len(traces) > self.max_traces:
-                oldest = next(iter(traces))
-                self._end(oldest, now, out, idle=True)
+                self._evict(next(iter(traces)), now, out)
         else:
             trace.last_seen = now
             traces.move_to_end(tid)
         return trace
 
-    def _tool(
-        self, trace: _Trace, tid: str, call: ToolCall, view: SpanView, now: float, out: Outcome
-    ) -> None:
+    def _evict(self, tid: str, now: float, out: Outcome) -> None:
+        """Make room: the least recently active trace's run is recorded as ended (idle)."""
+        self._end(tid, now, out, idle=True)
+
+    def _tool(self, trace: _Trace, tid: str, rec: Rec, now: float, out: Outcome) -> None:
+        call = rec.tool
+        assert call is not None and rec.key is not None and rec.args_kind is not None
         call_id = call.call_id
         if call_id is not None:
             seen = trace.call_ids.get(call_id)
@@ -301,7 +401,7 @@ class Fleet:
         state = trace.state
         if state is None:
             state = trace.state = RunState.new(self.policy)
-        sig = self.normalizer.signature(call.tool, call.arguments)
+        sig = Signature(call.tool, int(rec.key, 16), ArgsKind(rec.args_kind))
         previous = trace.assessment
         assessment = evaluate(state, call, self.policy, self.normalizer, signature=sig)
         trace.tool_calls += 1
@@ -312,13 +412,7 @@ class Fleet:
             if changed:
                 self._transition(trace, tid, assessment, previous, now, out)
         if len(trace.timeline) < MAX_CALLS_PER_RUN:
-            raw = None
-            if self.store_raw and isinstance(call.arguments, str):
-                raw = call.arguments[:MAX_RAW_CHARS]
-            elif self.store_raw and isinstance(call.arguments, dict):
-                import json
-
-                raw = json.dumps(call.arguments, default=str)[:MAX_RAW_CHARS]
+            raw = rec.raw
             trace.timeline.append(
                 CallRow(
                     trace_id=tid,
@@ -450,7 +544,7 @@ class Fleet:
             self._end(tid, now, out, idle=True)
 
     def _end(
-        self, tid: str, now: float, out: Outcome, *, idle: bool, root: SpanView | None = None
+        self, tid: str, now: float, out: Outcome, *, idle: bool, root: Rec | None = None
     ) -> None:
         trace = self._traces.pop(tid, None)
         if trace is None:
@@ -536,15 +630,24 @@ class Fleet:
         )
 
 
-def _widen(trace: _Trace, view: SpanView) -> None:
-    if view.start_s is not None and (trace.start_s is None or view.start_s < trace.start_s):
-        trace.start_s = view.start_s
-    if view.end_s is not None and (trace.end_s is None or view.end_s > trace.end_s):
-        trace.end_s = view.end_s
+def _widen(trace: _Trace, view: Rec) -> None:
+    if view.start is not None and (trace.start_s is None or view.start < trace.start_s):
+        trace.start_s = view.start
+    if view.end is not None and (trace.end_s is None or view.end > trace.end_s):
+        trace.end_s = view.end
 
 
 def _with_attempt(call: ToolCall, trace: _Trace) -> ToolCall:
-    import msgspec
-
     return msgspec.structs.replace(call, attempt=2)
+
+
+def _raw(arguments: object) -> str | None:
+    if isinstance(arguments, str):
+        return arguments[:MAX_RAW_CHARS]
+    if isinstance(arguments, (dict, list)):
+        try:
+            return json.dumps(arguments, default=str)[:MAX_RAW_CHARS]
+        except (TypeError, ValueError, RecursionError):
+            return None
+    return None
 

@@ -83,7 +83,9 @@ class Decoded:
 def protobuf_backend() -> str:
     """The ``protobuf`` implementation in use: ``upb`` (fast), ``cpp`` or ``python`` (slow)."""
     try:
-        from google.protobuf.internal import api_implementation
+        from google.protobuf.internal import (  # type: ignore[import-untyped, unused-ignore]
+            api_implementation,
+        )
 
         return str(api_implementation.Type())
     except ImportError:  # pragma: no cover - protobuf comes with the otel extra
@@ -140,7 +142,7 @@ def decode_request(body: bytes, content_type: str | None) -> Decoded:
 
 def _decode_protobuf(body: bytes) -> Decoded:
     try:
-        from google.protobuf.message import DecodeError
+        from google.protobuf.message import DecodeError  # type: ignore[import-untyped, unused-ignore]
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
             ExportTraceServiceRequest,
         )

@@ -7,15 +7,17 @@ went quiet before its root span ended: the receipt says so and claims no finish)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tripwire.core import receipt as rc
 from tripwire.core.policy import LoopPolicy
 from tripwire.core.reasons import StopReason, Verdict, stop_reason_for
 from tripwire.core.signature import Normalizer
 from tripwire.core.watch import Assessment
-from tripwire.otel.conventions import SpanView
 from tripwire.store.runs import RunRow
+
+if TYPE_CHECKING:
+    from tripwire.serve.fleet import Rec
 
 __all__ = ["receipt_for"]
 
@@ -25,7 +27,7 @@ def receipt_for(
     assessment: Assessment | None,
     budget_stop: StopReason | None,
     *,
-    root: SpanView | None,
+    root: Rec | None,
     idle: bool,
     policy: LoopPolicy,
     normalizer: Normalizer,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -45,6 +44,8 @@ logger = logging.getLogger("tripwire.store.runs")
 
 SCHEMA_REVISION: Final = "0001"
 """The Alembic revision this code reads and writes (``migrations/versions``)."""
+VERSION_TABLE: Final = "tripwire_alembic_version"
+"""Alembic's version table for the run store (its own name: the database may hold others)."""
 
 metadata = sa.MetaData()
 
@@ -279,7 +280,7 @@ def _run_values(row: RunRow) -> dict[str, Any]:
     return values
 
 
-def _row_to_run(mapping: Mapping[str, Any]) -> RunRow:
+def _row_to_run(mapping: Any) -> RunRow:
     values = dict(mapping)
     text = values.get("receipt")
     values["receipt"] = json.loads(text) if text else None
@@ -338,9 +339,14 @@ class RunStore:
 
         config = Config()
         config.set_main_option("script_location", str(Path(__file__).with_name("migrations")))
+        from alembic.script import ScriptDirectory
+
+        known = {rev.revision for rev in ScriptDirectory.from_config(config).walk_revisions()}
         with self.engine.begin() as conn:
-            current = MigrationContext.configure(conn).get_current_revision()
-            if current is not None and current > SCHEMA_REVISION:
+            current = MigrationContext.configure(
+                conn, opts={"version_table": VERSION_TABLE}
+            ).get_current_revision()
+            if current is not None and current not in known:
                 raise ConfigError(
                     "--store",
                     _redact(self.url),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from tripwire.store.runs import metadata
+from tripwire.store.runs import VERSION_TABLE, metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None:  # pragma: no cover - only RunStore.migrate runs these migrations
@@ -12,7 +12,7 @@ if connection is None:  # pragma: no cover - only RunStore.migrate runs these mi
 context.configure(
     connection=connection,
     target_metadata=metadata,
-    version_table="tripwire_alembic_version",
+    version_table=VERSION_TABLE,
     render_as_batch=connection.dialect.name == "sqlite",
 )
 with context.begin_transaction():
