@@ -224,16 +224,20 @@ class Service:
         m.tool_calls.inc(out.judged_calls)
         if out.urgent:
             self.store.write(out.urgent)
-        for kill in out.kills:
-            payload = flag_payload(kill.trace_id, kill.assessment or kill.stop, at=now, message=kill.message)
+        if out.kills:
+            payloads = [
+                flag_payload(k.trace_id, k.assessment or k.stop, at=now, message=k.message)
+                for k in out.kills
+            ]
             try:
-                self.kill.raise_flag(payload, self.config.flag_ttl_s)
+                self.kill.raise_flags(payloads, self.config.flag_ttl_s)
             except Exception as exc:
-                # Degrade: the run row still says stuck; agents polling the store see nothing.
-                self._log_once("kill:" + type(exc).__name__, "raising a kill flag failed: %r", exc)
-                continue
-            m.kills.labels(reason=kill.reason.value).inc()
-            self.store.set_flags(kill.trace_id, killed=True)
+                # Degrade: the run rows still say stuck; agents polling see nothing. Logged once.
+                self._log_once("kill:" + type(exc).__name__, "raising kill flags failed: %r", exc)
+            else:
+                for k in out.kills:
+                    m.kills.labels(reason=k.reason.value).inc()
+                self.store.mark_killed([k.trace_id for k in out.kills])
         if out.routine:
             if self._writer_started:
                 self._routine.put(out.routine)

@@ -80,6 +80,8 @@ class KillChannel(Protocol):
 
     def raise_flag(self, payload: dict[str, Any], ttl_s: float) -> None: ...
 
+    def raise_flags(self, payloads: list[dict[str, Any]], ttl_s: float) -> None: ...
+
     def clear(self, trace_id: str) -> bool: ...
 
     def get(self, trace_id: str, now: float) -> dict[str, Any] | None: ...
@@ -101,10 +103,16 @@ class RedisKillChannel:
         return cls(redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2))
 
     def raise_flag(self, payload: dict[str, Any], ttl_s: float) -> None:
-        text = json.dumps(payload)
+        self.raise_flags([payload], ttl_s)
+
+    def raise_flags(self, payloads: list[dict[str, Any]], ttl_s: float) -> None:
+        if not payloads:
+            return
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(KEY_PREFIX + payload["trace_id"], text, ex=max(1, int(ttl_s)))
-        pipe.publish(CHANNEL, text)
+        for payload in payloads:
+            text = json.dumps(payload)
+            pipe.set(KEY_PREFIX + payload["trace_id"], text, ex=max(1, int(ttl_s)))
+            pipe.publish(CHANNEL, text)
         pipe.execute()
 
     def clear(self, trace_id: str) -> bool:
@@ -135,9 +143,15 @@ class StoreKillChannel:
         self.store = store
 
     def raise_flag(self, payload: dict[str, Any], ttl_s: float) -> None:
-        self.store.raise_flag(
-            payload["trace_id"], payload.get("reason", ""), json.dumps(payload), payload["at"], ttl_s
-        )
+        self.raise_flags([payload], ttl_s)
+
+    def raise_flags(self, payloads: list[dict[str, Any]], ttl_s: float) -> None:
+        if payloads:
+            self.store.raise_flags(
+                [(p["trace_id"], p.get("reason", ""), json.dumps(p)) for p in payloads],
+                payloads[0]["at"],
+                ttl_s,
+            )
 
     def clear(self, trace_id: str) -> bool:
         return self.store.clear_flag(trace_id)

@@ -299,6 +299,11 @@ class RunStore:
         self.url = url
         self.dialect = engine.dialect.name
         self._write_lock = threading.Lock() if self.dialect == "sqlite" else None
+        if self.dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert as dialect_insert  # type: ignore[assignment, unused-ignore]
+        else:
+            from sqlalchemy.dialects.postgresql import insert as dialect_insert  # type: ignore[assignment, unused-ignore]
+        self._insert: Any = dialect_insert
 
     @classmethod
     def open(cls, url: str | None = None, *, migrate: bool = True) -> RunStore:
@@ -384,54 +389,61 @@ class RunStore:
                 self._write(conn, batch)
 
     def _write(self, conn: Connection, batch: Batch) -> None:
-        for row in batch.runs:
-            values = _run_values(row)
-            updated = conn.execute(
-                runs.update()
-                .where(runs.c.trace_id == row.trace_id)
-                .values({k: v for k, v in values.items() if k not in _KEEP_ON_UPDATE})
+        insert = self._insert
+        if batch.runs:
+            stmt = insert(runs)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[runs.c.trace_id],
+                set_={name: stmt.excluded[name] for name in _RUN_COLUMNS if name not in _KEEP_ON_UPDATE},
+                # An ended run is never turned back into a running one by a late, older write.
+                where=sa.not_(sa.and_(runs.c.status == "ended", stmt.excluded.status == "running")),
             )
-            if updated.rowcount == 0:
-                conn.execute(runs.insert().values(values))
+            conn.execute(stmt, [_run_values(row) for row in batch.runs])
         if batch.verdicts:
             conn.execute(verdicts.insert(), [_as_dict(v) for v in batch.verdicts])
         if batch.calls:
-            by_trace: dict[str, list[CallRow]] = {}
-            for c in batch.calls:
-                by_trace.setdefault(c.trace_id, []).append(c)
-            for trace_id, rows in by_trace.items():
+            stmt = insert(calls)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[calls.c.trace_id, calls.c.call_index],
+                set_={c.name: stmt.excluded[c.name] for c in calls.columns if not c.primary_key},
+            )
+            conn.execute(stmt, [_as_dict(r) for r in batch.calls])
+            tops: dict[str, int] = {}
+            for r in batch.calls:
+                if r.call_index > MAX_CALLS_PER_RUN and r.call_index > tops.get(r.trace_id, 0):
+                    tops[r.trace_id] = r.call_index
+            if tops:
                 conn.execute(
                     calls.delete().where(
-                        calls.c.trace_id == trace_id,
-                        calls.c.call_index.in_([r.call_index for r in rows]),
-                    )
+                        calls.c.trace_id == sa.bindparam("t"),
+                        calls.c.call_index <= sa.bindparam("below"),
+                    ),
+                    [{"t": t, "below": top - MAX_CALLS_PER_RUN} for t, top in tops.items()],
                 )
-                conn.execute(calls.insert(), [_as_dict(r) for r in rows])
-                top = max(r.call_index for r in rows)
-                conn.execute(
-                    calls.delete().where(
-                        calls.c.trace_id == trace_id,
-                        calls.c.call_index <= top - MAX_CALLS_PER_RUN,
-                    )
-                )
-        for dedupe_key, trace_id, target, action, payload in batch.alerts:
-            exists = conn.execute(
-                sa.select(outbox.c.id).where(outbox.c.dedupe_key == dedupe_key)
-            ).first()
-            if exists is None:
-                now = payload.get("at", 0.0)
-                conn.execute(
-                    outbox.insert().values(
-                        dedupe_key=dedupe_key,
-                        trace_id=trace_id,
-                        target=target,
-                        action=action,
-                        payload=json.dumps(payload),
-                        attempts=0,
-                        next_at=now,
-                        created_at=now,
-                    )
-                )
+        if batch.alerts:
+            stmt = insert(outbox).on_conflict_do_nothing(index_elements=[outbox.c.dedupe_key])
+            conn.execute(
+                stmt,
+                [
+                    {
+                        "dedupe_key": key,
+                        "trace_id": trace_id,
+                        "target": target,
+                        "action": action,
+                        "payload": json.dumps(payload),
+                        "attempts": 0,
+                        "next_at": payload.get("at", 0.0),
+                        "created_at": payload.get("at", 0.0),
+                    }
+                    for key, trace_id, target, action, payload in batch.alerts
+                ],
+            )
+
+    def mark_killed(self, trace_ids: list[str]) -> None:
+        """Set ``killed`` on many runs in one statement (after their flags went up)."""
+        if trace_ids:
+            with self._writing() as conn:
+                conn.execute(runs.update().where(runs.c.trace_id.in_(trace_ids)).values(killed=True))
 
     def set_flags(self, trace_id: str, **values: bool) -> bool:
         """Set ``killed`` / ``acknowledged`` / ``resolved`` on a run; False if no such run."""
@@ -449,16 +461,24 @@ class RunStore:
 
     def raise_flag(self, trace_id: str, reason: str, message: str, now: float, ttl_s: float) -> None:
         """Raise (or renew) the store's kill flag of a run."""
+        self.raise_flags([(trace_id, reason, message)], now, ttl_s)
+
+    def raise_flags(self, items: list[tuple[str, str, str]], now: float, ttl_s: float) -> None:
+        """Raise (or renew) the kill flags ``(trace_id, reason, message)`` in one transaction."""
+        if not items:
+            return
+        stmt = self._insert(flags)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[flags.c.trace_id],
+            set_={c: stmt.excluded[c] for c in ("reason", "message", "raised_at", "expires_at")},
+        )
         with self._writing() as conn:
-            conn.execute(flags.delete().where(flags.c.trace_id == trace_id))
             conn.execute(
-                flags.insert().values(
-                    trace_id=trace_id,
-                    reason=reason,
-                    message=message,
-                    raised_at=now,
-                    expires_at=now + ttl_s,
-                )
+                stmt,
+                [
+                    {"trace_id": t, "reason": r, "message": m, "raised_at": now, "expires_at": now + ttl_s}
+                    for t, r, m in items
+                ],
             )
 
     def clear_flag(self, trace_id: str) -> bool:
