@@ -587,12 +587,12 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
         with self._lock:
             gated = call_id in self._gated
             self._gated.discard(call_id)
-        with self._lock:
-            self._tools[run_id] = (name, arguments)
-            while len(self._tools) > _MAX_RUNS * 16:
-                self._tools.popitem(last=False)
+            if not gated:  # else wrap_tool_call checks it and feeds its result to the watcher
+                self._tools[run_id] = (name, arguments)
+                while len(self._tools) > _MAX_RUNS * 16:
+                    self._tools.popitem(last=False)
         if gated:
-            return  # wrap_tool_call already checked this call
+            return
         if run.before_tool(name, arguments) is not None and not self._warned:
             # A callback cannot hand a refusal to the model in place of the result; the
             # ToolNode interceptor (wrap_tool_call) does that. Say so once, not silently.
