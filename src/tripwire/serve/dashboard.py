@@ -67,12 +67,12 @@ def _stacked_chart(buckets: list[dict[str, int]], start: float, hours: int) -> s
     """Runs ended per hour, stacked by stop reason, as inline SVG with a text alternative."""
     reasons = sorted({r for b in buckets for r in b})
     colours = ["#0b4f9c", "#a4161a", "#1b6e2a", "#7a4b00", "#5a189a", "#333333", "#00695c"]
-    top = max((sum(b.values()) for b in buckets), default=0) or 1
+    top: float = max((sum(b.values()) for b in buckets), default=0) or 1
     width, height, left, bottom = 760, 180, 40, 150
     bar = (width - left) / hours
     parts = []
     for i, b in enumerate(buckets):
-        y = bottom
+        y: float = bottom
         for j, reason in enumerate(reasons):
             n = b.get(reason, 0)
             if not n:
@@ -84,7 +84,7 @@ def _stacked_chart(buckets: list[dict[str, int]], start: float, hours: int) -> s
                 f'<rect x="{left + i * bar:.1f}" y="{y:.1f}" width="{bar - 2:.1f}" height="{h:.1f}" '
                 f'fill="{colours[j % len(colours)]}"><title>{when}: {n} {reason}</title></rect>'
             )
-    parts.append(f'<text x="0" y="{bottom}">0</text><text x="0" y="24">{top}</text>')
+    parts.append(f'<text x="0" y="{bottom}">0</text><text x="0" y="24">{top:g}</text>')
     legend = "".join(
         f'<rect x="{left + k * 130}" y="162" width="10" height="10" fill="{colours[k % len(colours)]}"></rect>'
         f'<text x="{left + k * 130 + 14}" y="171">{reason}</text>'
@@ -133,7 +133,7 @@ class _Pages:
         day = now - 86400
         midnight = now - (now % 86400)
         with self.store.engine.connect() as conn:
-            counts = dict(
+            counts: dict[Any, Any] = dict(
                 conn.execute(
                     sa.select(runs.c.verdict, sa.func.count())
                     .where(runs.c.updated_at >= day)

@@ -562,6 +562,8 @@ class Fleet:
         )
         row.receipt = receipt
         row.health = health
+        if row.stop_reason is None:
+            row.stop_reason = receipt.get("reason")
         out.urgent.runs.append(row)
         if trace.timeline:
             out.urgent.calls.extend(trace.timeline)
