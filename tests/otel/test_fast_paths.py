@@ -1,8 +1,8 @@
 """The processor's and the mapping's fast paths give the results of the general ones.
 
-- :func:`~tripwire.otel.conventions.classify` and
-  :func:`~tripwire.otel.conventions.map_tool_span` agree with the m1 mapping as it was before
-  the fast paths (a frozen copy in ``_m1_reference.py``) on random spans;
+- the tool-span mapping's one-search path for plain arguments unwraps exactly the envelopes
+  the general path does (the mapping itself is tested against real frameworks' spans in
+  ``tests/spans``);
 - the span processor's key pre-filter drops only spans ``classify`` calls OTHER, and sends
   straight to the tool path only spans it calls TOOL;
 - the SDK fast path and the public-API path (duck-typed spans) build the same tool call;
@@ -15,8 +15,6 @@ import json
 from typing import Any
 
 import pytest
-from _m1_reference import classify as m1_classify
-from _m1_reference import map_tool_span as m1_map_tool_span
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace as trace_api
@@ -32,7 +30,8 @@ import tripwire.otel as tw
 from tripwire.core.events import ToolCall
 from tripwire.core.signature import Normalizer, Signature
 from tripwire.otel import processor as processor_module
-from tripwire.otel.conventions import (
+from tripwire.otel.processor import CALL_ID_MEMORY, TripwireSpanProcessor, _pack_hash, _Run
+from tripwire.spans.mapping import (
     SpanRole,
     SpanView,
     _tool_call,
@@ -40,7 +39,6 @@ from tripwire.otel.conventions import (
     map_tool_span,
     view_from_readable_span,
 )
-from tripwire.otel.processor import CALL_ID_MEMORY, TripwireSpanProcessor, _pack_hash, _Run
 
 SAMPLED = trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED)
 
@@ -100,47 +98,27 @@ _NAMES = st.one_of(
 _ATTRS = st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=7)
 
 
-@settings(max_examples=1500, deadline=None)
-@given(attrs=_ATTRS, name=_NAMES, root=st.booleans())
-def test_classify_matches_m1(attrs: dict[str, Any], name: str, root: bool) -> None:
-    parent = None if root else "00f067aa0ba902b7"
-    assert classify(attrs, name, parent) is m1_classify(attrs, name, parent)
-
-
-@settings(max_examples=1500, deadline=None)
-@given(
-    attrs=_ATTRS,
-    name=_NAMES,
-    status_error=st.booleans(),
-    exception_type=st.sampled_from([None, "", "ValueError"]),
-)
-def test_map_tool_span_matches_m1(
-    attrs: dict[str, Any], name: str, status_error: bool, exception_type: str | None
-) -> None:
-    view = SpanView(
-        trace_id="0af7651916cd43dd8448eb211c80319c", span_id="b7ad6b7169203331", name=name,
-        start_s=1.0, end_s=1.5, status_error=status_error, exception_type=exception_type,
-        attributes=attrs,
-    )  # fmt: skip
-    assert map_tool_span(view) == m1_map_tool_span(view)
-
-
 @pytest.mark.parametrize(
-    "arguments",
+    ("arguments", "expected", "call_id"),
     [
-        '{"query": "refund policy"}',  # no underscore: the one-search path
-        '{"user_id": 7}',  # an underscore, no envelope
-        _ENVELOPE,
-        _REORDERED_ENVELOPE,
-        _SMOLAGENTS,
-        '{"args": [1, 2]}',  # the smolagents prefix without its envelope
-        "x" * 5000 + "_" + '"input_str"',  # one key of the two only
+        ('{"query": "refund policy"}', '{"query": "refund policy"}', None),  # no underscore
+        ('{"user_id": 7}', '{"user_id": 7}', None),  # an underscore, no envelope
+        (_ENVELOPE, {"q": 1}, "call_9"),
+        (_REORDERED_ENVELOPE, {"q": 1}, "call_8"),
+        (_SMOLAGENTS, {"q": 1}, None),
+        ('{"args": [1, 2]}', '{"args": [1, 2]}', None),  # the smolagents prefix alone
+        ("x" * 5000 + "_" + '"input_str"', "x" * 5000 + "_" + '"input_str"', None),  # one key
     ],
 )
-def test_tool_call_arguments_match_m1(arguments: str) -> None:
+def test_tool_call_arguments_unwrap_only_real_envelopes(
+    arguments: str, expected: Any, call_id: str | None
+) -> None:
     attrs = {"gen_ai.tool.name": "t", "gen_ai.tool.call.arguments": arguments}
+    call = _tool_call(attrs, "execute_tool t", None, None, None)
+    assert call is not None
+    assert (call.arguments, call.call_id) == (expected, call_id)
     view = SpanView(trace_id="0" * 32, span_id="1" * 16, name="execute_tool t", attributes=attrs)
-    assert _tool_call(attrs, "execute_tool t", None, None, None) == m1_map_tool_span(view)
+    assert map_tool_span(view) == call
 
 
 def test_tool_call_failure_argument() -> None:

@@ -10,7 +10,7 @@ processor that already exports the spans::
 For each finished span it asks what the span is: four key tests on the SDK's attribute dict
 and one substring test on the name reject a span that is no agent span (most spans stop
 there, having cost about as much as one Python call); the others go to
-:func:`~tripwire.otel.conventions.classify`. A tool span is mapped to a
+:func:`~tripwire.spans.classify`. A tool span is mapped to a
 :class:`~tripwire.core.events.ToolCall` and fed to that trace's loop watcher
 (:func:`tripwire.core.watch.evaluate`). When the verdict of a run changes, the processor
 
@@ -112,7 +112,9 @@ from tripwire.core.reasons import Verdict
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
 from tripwire.core.watch import Assessment, RunState, evaluate
 from tripwire.errors import ConfigError
-from tripwire.otel.conventions import (
+from tripwire.otel.killswitch import KILL_FLAGS, KillFlags
+from tripwire.prices import PriceFn, genai_price
+from tripwire.spans.mapping import (
     _INPUT_KEYS,
     _OUTPUT_KEYS,
     MAPPING_VERSION,
@@ -124,8 +126,6 @@ from tripwire.otel.conventions import (
     classify,
     map_model_span,
 )
-from tripwire.otel.killswitch import KILL_FLAGS, KillFlags
-from tripwire.prices import PriceFn, genai_price
 
 __all__ = [
     "BUDGET_SPAN_NAME",
@@ -1127,9 +1127,9 @@ def _attributes_of(span: ReadableSpan) -> Mapping[str, Any]:
 
 
 class _SdkSpanView:
-    """A :class:`~tripwire.otel.conventions.SpanView` of an SDK span, built cheaply.
+    """A :class:`~tripwire.spans.SpanView` of an SDK span, built cheaply.
 
-    Why not :func:`~tripwire.otel.conventions.view_from_readable_span`: building the frozen
+    Why not :func:`~tripwire.spans.view_from_readable_span`: building the frozen
     12-field ``SpanView`` and formatting three hex ids cost ~3 µs per tool span, more than the
     whole budget tripwire has on the span's ``end()``. This view has the same attribute names
     and values (``tests/otel/test_processor.py`` compares every ``SpanView`` field), takes the

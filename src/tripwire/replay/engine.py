@@ -2,9 +2,9 @@
 
 Two steps, so that many policies can be replayed over one parse (``tripwire calibrate``):
 
-1. :func:`load_traces` reads OTLP files (or takes :class:`~tripwire.otel.conventions.SpanView`
+1. :func:`load_traces` reads OTLP files (or takes :class:`~tripwire.spans.SpanView`
    objects), maps every span with the shared mapping
-   (:func:`tripwire.otel.conventions.map_span`, the same one the span processor uses), groups
+   (:func:`tripwire.spans.map_span`, the same one the span processor uses), groups
    the tool calls by trace across files and ``resourceSpans``, drops duplicate reports of one
    span or one call, orders them by start time and computes each call's signature once.
    The result, a list of :class:`TraceCalls`, does not depend on the policy.
@@ -28,8 +28,8 @@ from tripwire.core.policy import LoopPolicy
 from tripwire.core.reasons import Rule, Verdict
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, Signature
 from tripwire.core.watch import RunState, evaluate
-from tripwire.otel.conventions import MAPPING_VERSION, MappingStats, RunBoundary, SpanView, map_span
 from tripwire.replay.reader import FileBatch, Problem, read_batches
+from tripwire.spans import MAPPING_VERSION, MappingStats, RunBoundary, SpanView, map_span
 
 __all__ = [
     "FirstTrip",
@@ -266,7 +266,7 @@ def load_traces(
 
     Args:
         source: a path, or an iterable of paths (files, directories walked recursively, ``-``
-            for standard input) and/or :class:`~tripwire.otel.conventions.SpanView` objects.
+            for standard input) and/or :class:`~tripwire.spans.SpanView` objects.
         normalizer: signs the calls and digests their results; every later replay of these
             traces uses it.
         on_file: called with ``(path, size)`` before each file is read (progress).
@@ -357,7 +357,7 @@ def replay_traces(
 
     Args:
         source: a path, or an iterable of paths (files, directories, ``-``) and/or
-            :class:`~tripwire.otel.conventions.SpanView` objects.
+            :class:`~tripwire.spans.SpanView` objects.
         policy: the loop policy (default: ``LoopPolicy()``).
         normalizer: the signature normalizer (default: the default normalizer).
         skip_empty: leave out traces without any tool call (by default they are reported
