@@ -78,13 +78,13 @@ def test_remote_parent_is_a_local_root() -> None:
     assert len(p) == 0
 
 
-def test_run_boundary_end_drops_the_trace_but_keeps_its_flag() -> None:
+def test_a_sub_agent_end_restarts_the_window_and_keeps_the_flag() -> None:
     p = processor()
     for _ in range(4):
         p.on_end(span(1, TOOL_ATTRS))
     assert p.flags.get(1) is not None
-    p.on_end(span(1, RUN_ATTRS, name="invoke_agent looper"))  # not a root: a boundary
-    assert len(p) == 0
+    p.on_end(span(1, RUN_ATTRS, name="invoke_agent looper"))  # not a root: a sub-agent ended
+    assert p.run_state(1) is None  # the loop window restarts; the root's end drops the trace
     assert p.flags.get(1) is not None
 
 

@@ -47,6 +47,8 @@ turn the same span into a different event (record it next to the normalizer vers
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -59,7 +61,9 @@ from tripwire.core.events import ModelCall, ToolCall
 from tripwire.core.signature import ABSENT, DEFAULT_NORMALIZER, Normalizer
 
 __all__ = [
+    "COST_ATTRIBUTES",
     "MAPPING_VERSION",
+    "MAX_TOOL_NAME",
     "MAX_UNWRAP_BYTES",
     "MappingStats",
     "RunBoundary",
@@ -77,7 +81,9 @@ MAPPING_VERSION: Final = "m2"
 """Names the mapping rules. Bump when the same span could map to a different event.
 
 m2: an OpenInference ``AGENT`` span of a LangGraph graph node (``metadata`` names a
-``langgraph_node``) is no run boundary. ``tests/spans/test_golden.py`` pins what the mapping
+``langgraph_node``) is no run boundary; a model span's reported cost (:data:`COST_ATTRIBUTES`)
+is its ``ModelCall.cost_usd``; tool names longer than :data:`MAX_TOOL_NAME` are clipped.
+``tests/spans/test_golden.py`` pins what the mapping
 makes of real frameworks' spans under this name."""
 
 MAX_UNWRAP_BYTES: Final = 1024 * 1024
@@ -87,7 +93,20 @@ The trap: above the cap an OpenLLMetry envelope keeps its ever-changing ``langgr
 two identical calls no longer have equal signatures. The cap bounds the cost of one span end.
 """
 
+MAX_TOOL_NAME: Final = 256
+"""Longer tool names are clipped to their first 200 characters, ``…`` and a 16-hex digest of
+the whole name (distinct names stay distinct).
+
+Why: a tool name is kept in every run's state, verdict, kill flag and budget counter; 3,000
+finished traces with distinct 1 MB names once held 3 GB. Real tool names are short.
+"""
+
 _EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
+
+
+def _clip_name(tool: str) -> str:
+    digest = hashlib.blake2b(tool.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    return f"{tool[:200]}…{digest}"
 
 
 class SpanRole(str, Enum):
@@ -525,6 +544,8 @@ def _tool_call(
         tool = _tool_name(attrs, name)
         if tool is None:
             return None
+    if len(tool) > MAX_TOOL_NAME:
+        tool = _clip_name(tool)
     raw = get("gen_ai.tool.call.arguments")
     call_id: str | None
     if type(raw) is str and (
@@ -632,6 +653,27 @@ _MODEL_KEYS: Final = ("gen_ai.response.model", "gen_ai.request.model", "llm.mode
 _PROVIDER_KEYS: Final = ("gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system")
 
 
+COST_ATTRIBUTES: Final = ("operation.cost", "llm.cost.total", "gen_ai.usage.cost")
+"""Span attributes read as a model call's reported cost in USD (pydantic-ai, OpenInference,
+Langfuse-style), first present wins; without one (or with an unusable one) ``cost_usd`` is
+``None`` and the cost comes from the price table."""
+
+
+def _cost(attrs: Mapping[str, Any]) -> float | None:
+    for key in COST_ATTRIBUTES:
+        value = attrs.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        try:
+            cost = float(value)
+        except OverflowError:
+            return None
+        return cost if math.isfinite(cost) and cost >= 0 else None
+    return None
+
+
 def map_model_span(view: SpanView) -> ModelCall | None:
     """The usage of one model call, from a span :func:`classify` called :attr:`SpanRole.MODEL`.
 
@@ -652,6 +694,7 @@ def map_model_span(view: SpanView) -> ModelCall | None:
         provider=_first_text(attrs, _PROVIDER_KEYS),
         input_tokens=_first_int(attrs, _INPUT_KEYS) or 0,
         output_tokens=_first_int(attrs, _OUTPUT_KEYS) or 0,
+        cost_usd=_cost(attrs),
         call_id=_text(attrs.get("gen_ai.response.id")),
         start_s=view.start_s,
         end_s=view.end_s,
