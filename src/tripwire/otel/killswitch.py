@@ -71,13 +71,11 @@ _ACTIVE_RUN: Final[contextvars.ContextVar[int | None]] = contextvars.ContextVar(
 _warned_no_run = False
 
 
-def note_active_run(trace_id: int) -> None:
-    """Record ``trace_id`` as the run active in this thread (and asyncio task).
-
-    The span processor calls it from ``on_start``; :func:`check` without a trace id falls back
-    on it when no span is current.
-    """
-    _ACTIVE_RUN.set(trace_id)
+note_active_run: Final[Callable[[int], object]] = _ACTIVE_RUN.set
+"""``note_active_run(trace_id)``: record ``trace_id`` as the run active in this thread (and
+asyncio task). The span processor calls it from ``on_start`` (the context variable's own
+``set``, bound once: one C call per span); :func:`check` without a trace id falls back on it
+when no span is current."""
 
 
 def _no_run_found() -> None:

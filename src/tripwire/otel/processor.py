@@ -470,12 +470,19 @@ class TripwireSpanProcessor(SpanProcessor):
         role = _role_of(attrs, name, parent)
         decisions: tuple[Decision, ...]
         if role is _TOOL:
+            try:  # the SDK's fields, as above; the public properties for a duck-typed span
+                start = s._start_time
+                end = s._end_time
+                failed = s._status._status_code is _ERROR
+            except AttributeError:
+                start, end = span.start_time, span.end_time
+                failed = span.status.status_code is _ERROR
             call = _tool_call(
                 attrs,
                 name,
-                _seconds(span.start_time),
-                _seconds(span.end_time),
-                (_exception_type(span) or "") if span.status.status_code is _ERROR else None,
+                None if start is None else start / 1e9,
+                None if end is None else end / 1e9,
+                (_exception_type(span) or "") if failed else None,
                 self._normalizer,
             )
             if call is None:
@@ -708,10 +715,6 @@ def _role_of(
 
 def _tid(trace_id: int | str) -> int:
     return trace_id if isinstance(trace_id, int) else int(trace_id, 16)
-
-
-def _seconds(ns: int | None) -> float | None:
-    return None if ns is None else ns / 1e9
 
 
 def _attributes_of(span: ReadableSpan) -> Mapping[str, Any]:
