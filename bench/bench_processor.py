@@ -217,7 +217,7 @@ def bench_memory() -> dict[str, float]:
         return int(trace_api.get_current_span(parent).get_span_context().trace_id)
 
     tid = one_trace()
-    run = tw._runs[tid]
+    run = tw.engine._runs[tid]  # the engine keeps the per-trace state
     # What one more active trace costs: leave out what every trace shares with the process
     # (the policy and normalizer, their version strings, the constant working reason, the
     # first "working" verdict every run shares, the tool name interned by the span).

@@ -40,7 +40,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tripwire.core.events import ModelCall, ToolCall
-from tripwire.otel.conventions import MappingStats, RunBoundary, map_span, view_from_readable_span
+from tripwire.spans import MappingStats, RunBoundary, map_span, view_from_readable_span
 
 LOOP_CALLS = 8
 """How many times the looping agent calls ``search_docs(query="refund policy")``."""
@@ -95,7 +95,7 @@ def _tracing(
 
 @dataclass(frozen=True, slots=True)
 class Mapped:
-    """What :func:`~tripwire.otel.conventions.map_span` extracted from one run's spans."""
+    """What :func:`~tripwire.spans.map_span` extracted from one run's spans."""
 
     tools: tuple[ToolCall, ...]
     """Tool calls, in span end order."""
@@ -110,7 +110,7 @@ class Mapped:
 
 
 def map_spans(spans: tuple[ReadableSpan, ...]) -> Mapped:
-    """Map finished SDK spans with :func:`~tripwire.otel.conventions.map_span`, by kind."""
+    """Map finished SDK spans with :func:`~tripwire.spans.map_span`, by kind."""
     stats = MappingStats()
     tools: list[ToolCall] = []
     models: list[ModelCall] = []
@@ -236,7 +236,7 @@ def remove_leftover_patches(wrapper_module: str, module_prefixes: tuple[str, ...
 # -- LangChain / LangGraph ---------------------------------------------------------------------
 
 
-def _langchain_agent(loop: bool) -> Any:
+def _langchain_agent(loop: bool, graph: str = "create_agent") -> Any:
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage
@@ -271,15 +271,23 @@ def _langchain_agent(loop: bool) -> Any:
         return fetch_page_impl(url)
 
     model = ToolCallingFakeChatModel(messages=iter(messages))
-    return create_agent(
-        model, tools=[search_docs, fetch_page], name="looper" if loop else "researcher"
-    )
+    name = "looper" if loop else "researcher"
+    if graph == "create_react_agent":
+        # LangGraph's prebuilt (deprecated in favour of create_agent, still widely used): under
+        # OpenInference its model node is an ``openinference.span.kind = AGENT`` span.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from langgraph.prebuilt import create_react_agent
+
+            return create_react_agent(model, tools=[search_docs, fetch_page], name=name)
+    return create_agent(model, tools=[search_docs, fetch_page], name=name)
 
 
 def run_langchain(
     loop: bool,
     *,
     instrumentation: str = "openinference",
+    graph: str = "create_agent",
     provider: TracerProvider | None = None,
     exporter: InMemorySpanExporter | None = None,
 ) -> tuple[ReadableSpan, ...]:
@@ -289,6 +297,8 @@ def run_langchain(
         loop: the looping script or the distinct one.
         instrumentation: ``"openinference"`` (``openinference-instrumentation-langchain``) or
             ``"openllmetry"`` (``opentelemetry-instrumentation-langchain``, traceloop).
+        graph: ``"create_agent"`` (LangChain v1) or ``"create_react_agent"`` (LangGraph's
+            prebuilt).
         provider: the tracer provider to emit into (default: a fresh one into ``exporter``).
         exporter: where finished spans are collected.
     """
@@ -307,7 +317,7 @@ def run_langchain(
         )
 
     with _tracing(provider, exporter) as (tp, exp):
-        agent = _langchain_agent(loop)
+        agent = _langchain_agent(loop, graph)
         instrumentor.instrument(tracer_provider=tp)
         try:
             out = agent.invoke(

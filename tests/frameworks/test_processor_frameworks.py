@@ -44,13 +44,27 @@ class Framework:
 
 FRAMEWORKS = [
     Framework("pydantic-ai", "pydantic_ai", lambda loop, p: harness.run_pydantic_ai(loop, provider=p)),
+    # OpenInference's LangChain tracer makes no span current in the tool body: check() finds
+    # the run from the span that last started in the thread (the tool span).
     Framework(
         "langchain+openinference", "openinference.instrumentation.langchain",
-        lambda loop, p: harness.run_langchain(loop, provider=p), context_in_tools=False,
+        lambda loop, p: harness.run_langchain(loop, provider=p),
     ),
     Framework(
         "langchain+openllmetry", "opentelemetry.instrumentation.langchain",
         lambda loop, p: harness.run_langchain(loop, instrumentation="openllmetry", provider=p),
+    ),
+    # LangGraph's prebuilt create_react_agent: under OpenInference its model node is an AGENT
+    # span at every step, which must not restart the loop window.
+    Framework(
+        "langgraph-react+openinference", "openinference.instrumentation.langchain",
+        lambda loop, p: harness.run_langchain(loop, graph="create_react_agent", provider=p),
+    ),
+    Framework(
+        "langgraph-react+openllmetry", "opentelemetry.instrumentation.langchain",
+        lambda loop, p: harness.run_langchain(
+            loop, instrumentation="openllmetry", graph="create_react_agent", provider=p
+        ),
     ),
     Framework(
         "openai-agents+openinference", "openinference.instrumentation.openai_agents",
@@ -184,3 +198,71 @@ def test_looping_and_working_agents_are_judged_separately(fw: Framework, setup: 
     assert len(distinct_done) == harness.DISTINCT_CALLS  # the working agent was never refused
     if fw.context_in_tools:
         assert setup.executed.count("refund policy") == 4
+
+
+@pytest.mark.parametrize(
+    ("instrumentation", "module"),
+    [
+        ("openllmetry", "opentelemetry.instrumentation.langchain"),
+        ("openinference", "openinference.instrumentation.langchain"),
+    ],
+)
+def test_tool_retry_middleware_attempts_are_separate_calls(
+    instrumentation: str, module: str, setup: Setup
+) -> None:
+    """LangChain's ToolRetryMiddleware runs a failing tool again under one ``tool_call_id``
+    (one span per attempt, the failed ones ERROR): three executions, three calls, the later two
+    numbered as attempts where the emitter kept the id on the failed spans (OpenLLMetry)."""
+    pytest.importorskip(module)
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import ToolRetryMiddleware
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+
+    class ToolCallingFakeChatModel(GenericFakeChatModel):
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+    executions: list[str] = []
+
+    @tool
+    def flaky(query: str) -> str:
+        """Fails twice, then answers."""
+        executions.append(query)
+        if len(executions) < 3:
+            raise TimeoutError("the backend is slow")
+        return "found it"
+
+    messages = [
+        AIMessage(content="", tool_calls=[
+            {"name": "flaky", "args": {"query": "refund"}, "id": "call_0", "type": "tool_call"}
+        ]),
+        AIMessage(content="done"),
+    ]  # fmt: skip
+    agent = create_agent(
+        ToolCallingFakeChatModel(messages=iter(messages)),
+        tools=[flaky],
+        middleware=[ToolRetryMiddleware(max_retries=2, initial_delay=0, jitter=False)],
+    )
+    instrumentor: Any
+    if instrumentation == "openllmetry":
+        from opentelemetry.instrumentation.langchain import LangchainInstrumentor
+
+        instrumentor = LangchainInstrumentor()
+    else:
+        from openinference.instrumentation.langchain import LangChainInstrumentor
+
+        instrumentor = LangChainInstrumentor()
+    instrumentor.instrument(tracer_provider=setup.provider)
+    try:
+        out = agent.invoke({"messages": [{"role": "user", "content": "refund?"}]})
+    finally:
+        instrumentor.uninstrument()
+        if instrumentation == "openllmetry":
+            harness.remove_leftover_patches(module, ("langchain", "langgraph"))
+    assert out["messages"][-1].content == "done"
+    assert executions == ["refund"] * 3
+    stats = setup.processor.stats
+    assert (stats.tool_calls, stats.duplicate_calls) == (3, 0)
+    assert stats.attempts == (2 if instrumentation == "openllmetry" else 0)

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("smolagents")
 pytest.importorskip("openinference.instrumentation.smolagents")
 
-from tripwire.otel.conventions import RunBoundary
+from tripwire.spans import RunBoundary
 
 from .checks import check_distinct, check_loop
 from .harness import DISTINCT_CALLS, INPUT_TOKENS, LOOP_CALLS, map_spans, run_smolagents

@@ -1,12 +1,12 @@
 """The processor's and the mapping's fast paths give the results of the general ones.
 
-- :func:`~tripwire.otel.conventions.classify` and
-  :func:`~tripwire.otel.conventions.map_tool_span` agree with the m1 mapping as it was before
-  the fast paths (a frozen copy in ``_m1_reference.py``) on random spans;
+- the tool-span mapping's one-search path for plain arguments unwraps exactly the envelopes
+  the general path does (the mapping itself is tested against real frameworks' spans in
+  ``tests/spans``);
 - the span processor's key pre-filter drops only spans ``classify`` calls OTHER, and sends
   straight to the tool path only spans it calls TOOL;
 - the SDK fast path and the public-API path (duck-typed spans) build the same tool call;
-- ``on_start``/``_on_ending`` reach the wrapped processor; the call-id ring stays exact.
+- ``on_start``/``_on_ending`` reach the wrapped processor.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import json
 from typing import Any
 
 import pytest
-from _m1_reference import classify as m1_classify
-from _m1_reference import map_tool_span as m1_map_tool_span
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace as trace_api
@@ -31,8 +29,9 @@ from opentelemetry.trace import Status, StatusCode
 import tripwire.otel as tw
 from tripwire.core.events import ToolCall
 from tripwire.core.signature import Normalizer, Signature
-from tripwire.otel import processor as processor_module
-from tripwire.otel.conventions import (
+from tripwire.engine import _engine as engine_module
+from tripwire.otel.processor import TripwireSpanProcessor, _role_of
+from tripwire.spans.mapping import (
     SpanRole,
     SpanView,
     _tool_call,
@@ -40,7 +39,6 @@ from tripwire.otel.conventions import (
     map_tool_span,
     view_from_readable_span,
 )
-from tripwire.otel.processor import CALL_ID_MEMORY, TripwireSpanProcessor, _pack_hash, _Run
 
 SAMPLED = trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED)
 
@@ -100,47 +98,27 @@ _NAMES = st.one_of(
 _ATTRS = st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=7)
 
 
-@settings(max_examples=1500, deadline=None)
-@given(attrs=_ATTRS, name=_NAMES, root=st.booleans())
-def test_classify_matches_m1(attrs: dict[str, Any], name: str, root: bool) -> None:
-    parent = None if root else "00f067aa0ba902b7"
-    assert classify(attrs, name, parent) is m1_classify(attrs, name, parent)
-
-
-@settings(max_examples=1500, deadline=None)
-@given(
-    attrs=_ATTRS,
-    name=_NAMES,
-    status_error=st.booleans(),
-    exception_type=st.sampled_from([None, "", "ValueError"]),
-)
-def test_map_tool_span_matches_m1(
-    attrs: dict[str, Any], name: str, status_error: bool, exception_type: str | None
-) -> None:
-    view = SpanView(
-        trace_id="0af7651916cd43dd8448eb211c80319c", span_id="b7ad6b7169203331", name=name,
-        start_s=1.0, end_s=1.5, status_error=status_error, exception_type=exception_type,
-        attributes=attrs,
-    )  # fmt: skip
-    assert map_tool_span(view) == m1_map_tool_span(view)
-
-
 @pytest.mark.parametrize(
-    "arguments",
+    ("arguments", "expected", "call_id"),
     [
-        '{"query": "refund policy"}',  # no underscore: the one-search path
-        '{"user_id": 7}',  # an underscore, no envelope
-        _ENVELOPE,
-        _REORDERED_ENVELOPE,
-        _SMOLAGENTS,
-        '{"args": [1, 2]}',  # the smolagents prefix without its envelope
-        "x" * 5000 + "_" + '"input_str"',  # one key of the two only
+        ('{"query": "refund policy"}', '{"query": "refund policy"}', None),  # no underscore
+        ('{"user_id": 7}', '{"user_id": 7}', None),  # an underscore, no envelope
+        (_ENVELOPE, {"q": 1}, "call_9"),
+        (_REORDERED_ENVELOPE, {"q": 1}, "call_8"),
+        (_SMOLAGENTS, {"q": 1}, None),
+        ('{"args": [1, 2]}', '{"args": [1, 2]}', None),  # the smolagents prefix alone
+        ("x" * 5000 + "_" + '"input_str"', "x" * 5000 + "_" + '"input_str"', None),  # one key
     ],
 )
-def test_tool_call_arguments_match_m1(arguments: str) -> None:
+def test_tool_call_arguments_unwrap_only_real_envelopes(
+    arguments: str, expected: Any, call_id: str | None
+) -> None:
     attrs = {"gen_ai.tool.name": "t", "gen_ai.tool.call.arguments": arguments}
+    call = _tool_call(attrs, "execute_tool t", None, None, None)
+    assert call is not None
+    assert (call.arguments, call.call_id) == (expected, call_id)
     view = SpanView(trace_id="0" * 32, span_id="1" * 16, name="execute_tool t", attributes=attrs)
-    assert _tool_call(attrs, "execute_tool t", None, None, None) == m1_map_tool_span(view)
+    assert map_tool_span(view) == call
 
 
 def test_tool_call_failure_argument() -> None:
@@ -155,22 +133,6 @@ def test_tool_call_failure_argument() -> None:
 
 
 # -- the processor's pre-filter ------------------------------------------------------------------
-
-
-class _Probe(TripwireSpanProcessor):
-    """Records which path ``on_end`` took for each span."""
-
-    def __init__(self) -> None:
-        super().__init__(flags=tw.KillFlags())
-        self.paths: list[str] = []
-
-    def _agent_span(self, span: Any, attrs: Any, name: Any, parent: Any) -> Any:
-        self.paths.append("agent")
-        return super()._agent_span(span, attrs, name, parent)
-
-    def _tool(self, span: Any, attrs: Any, name: Any) -> Any:
-        self.paths.append("tool")
-        return super()._tool(span, attrs, name)
 
 
 def _sdk_span(attrs: dict[str, Any], name: Any, root: bool) -> ReadableSpan:
@@ -190,18 +152,12 @@ def _sdk_span(attrs: dict[str, Any], name: Any, root: bool) -> ReadableSpan:
 @settings(max_examples=1000, deadline=None)
 @given(attrs=_ATTRS, name=_NAMES, root=st.booleans())
 def test_the_pre_filter_agrees_with_classify(attrs: dict[str, Any], name: str, root: bool) -> None:
-    probe = _Probe()
     span = _sdk_span(attrs, name, root)
-    probe.on_end(span)
     sdk_attrs = dict(span.attributes or {})  # what the SDK kept
-    role = classify(sdk_attrs, name, None if root else "p")
-    if not probe.paths:
-        assert role is SpanRole.OTHER
-    elif probe.paths[0] == "tool":
-        assert role is SpanRole.TOOL
-    else:
-        assert probe.paths[0] == "agent"
-    assert probe.stats.internal_errors == 0
+    assert _role_of(sdk_attrs, name, span.parent) is classify(sdk_attrs, name, None if root else "p")
+    processor = TripwireSpanProcessor(flags=tw.KillFlags())
+    processor.on_end(span)
+    assert processor.stats.internal_errors == 0
 
 
 _TOOL_ATTRS = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t"}
@@ -229,29 +185,28 @@ _TOOL_ATTRS = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t"}
 def test_every_key_classify_reads_passes_the_pre_filter(
     attrs: dict[str, Any], name: str, role: SpanRole
 ) -> None:
-    probe = _Probe()
-    probe.on_end(_sdk_span(_TOOL_ATTRS, "execute_tool t", root=False))  # the trace is watched
-    probe.paths.clear()
-    probe.on_end(_sdk_span(attrs, name, root=False))
+    processor = TripwireSpanProcessor(flags=tw.KillFlags())
+    processor.on_end(_sdk_span(_TOOL_ATTRS, "execute_tool t", root=False))  # the trace is watched
+    span = _sdk_span(attrs, name, root=False)
     assert classify(attrs, name, "p") is role
-    if role is SpanRole.OTHER:
-        assert probe.paths == (["agent"] if "tool" in name else [])
-    else:
-        assert probe.paths
-    assert (probe.stats.tool_calls, probe.stats.model_calls, len(probe)) == (
+    assert _role_of(attrs, name, span.parent) is role
+    processor.on_end(span)
+    assert (processor.stats.tool_calls, processor.stats.model_calls, len(processor)) == (
         2 if role is SpanRole.TOOL else 1,
         1 if role is SpanRole.MODEL else 0,
-        0 if role is SpanRole.RUN else 1,  # a run boundary ends the trace's watch
+        1,  # a sub-agent's end restarts the loop window; only the root ends the trace's watch
     )
+    if role is SpanRole.RUN:
+        assert processor.run_state(0xABC) is None  # the window restarted
 
 
 @pytest.mark.parametrize("name", [12345, None, ("execute_tool x",)])
 def test_a_name_that_is_not_a_string_takes_the_general_path(name: Any) -> None:
-    probe = _Probe()
-    probe.on_end(_sdk_span({"http.route": "/x"}, name, root=False))
-    probe.on_end(_sdk_span({"gen_ai.tool.name": "t"}, name, root=False))
-    assert probe.stats.internal_errors == 0
-    assert probe.stats.tool_calls == 1  # gen_ai.tool.name alone is a tool span, as before
+    processor = TripwireSpanProcessor(flags=tw.KillFlags())
+    processor.on_end(_sdk_span({"http.route": "/x"}, name, root=False))
+    processor.on_end(_sdk_span({"gen_ai.tool.name": "t"}, name, root=False))
+    assert processor.stats.internal_errors == 0
+    assert processor.stats.tool_calls == 1  # gen_ai.tool.name alone is a tool span, as before
 
 
 # -- SDK fast path == public path ----------------------------------------------------------------
@@ -259,13 +214,13 @@ def test_a_name_that_is_not_a_string_takes_the_general_path(name: Any) -> None:
 
 def _captured_calls(monkeypatch: pytest.MonkeyPatch) -> list[ToolCall]:
     calls: list[ToolCall] = []
-    real = processor_module.evaluate
+    real = engine_module.evaluate
 
     def spy(state: Any, call: ToolCall, *a: Any, **kw: Any) -> Any:
         calls.append(call)
         return real(state, call, *a, **kw)
 
-    monkeypatch.setattr(processor_module, "evaluate", spy)
+    monkeypatch.setattr(engine_module, "evaluate", spy)
     return calls
 
 
@@ -383,41 +338,8 @@ def test_standalone_on_start_does_nothing() -> None:
     provider.shutdown()
 
 
-# -- the call-id ring ----------------------------------------------------------------------------
-
-
-def test_the_call_id_ring_remembers_the_last_ones_only() -> None:
-    run = _Run(None, 0.0)
-    ids = [f"call_{i}" for i in range(CALL_ID_MEMORY + 1)]
-    assert not any(run.seen_call(i) for i in ids)
-    assert run.call_ids is not None and len(run.call_ids) == 8 * CALL_ID_MEMORY
-    assert all(run.seen_call(i) for i in ids[1:])  # the last CALL_ID_MEMORY are remembered
-    assert not run.seen_call(ids[0])  # the first was forgotten
-
-
-def test_the_call_id_ring_ignores_bytes_straddling_two_entries() -> None:
-    run = _Run(None, 0.0)
-    key = _pack_hash(hash("call_x"))
-    run.call_ids = b"\x00" * 4 + key + b"\x00" * 4  # the key's bytes across two entries
-    assert not run.seen_call("call_x")
-    assert run.seen_call("call_x")
-
-
-def test_the_processor_ring_ignores_bytes_straddling_two_entries() -> None:
-    processor = TripwireSpanProcessor(flags=tw.KillFlags())
-    attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t",
-             "gen_ai.tool.call.id": "call_x"}  # fmt: skip
-    processor.on_end(_sdk_span({**attrs, "gen_ai.tool.call.id": "call_0"}, "execute_tool t", False))
-    run = processor._runs[0xABC]
-    run.call_ids = b"\x00" * 4 + _pack_hash(hash("call_x")) + b"\x00" * 4
-    processor.on_end(_sdk_span(attrs, "execute_tool t", False))
-    processor.on_end(_sdk_span(attrs, "execute_tool t", False))
-    assert (processor.stats.tool_calls, processor.stats.duplicate_calls) == (2, 1)
-
-
 def test_a_normalizer_subclass_computes_the_signatures() -> None:
-    """The compiled mapping computes ``Normalizer.signature`` itself: a subclass that overrides
-    it must be asked instead, for every tool span."""
+    """A normalizer subclass that overrides ``signature`` is asked for every tool span."""
     asked: list[str] = []
 
     class Lowercase(Normalizer):

@@ -5,14 +5,17 @@ from __future__ import annotations
 import pickle
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import TracerProvider
 
 import tripwire.otel as tw
 from tripwire.core.reasons import Rule, Verdict
 from tripwire.core.watch import Assessment
 from tripwire.errors import ConfigError, LoopDetected, RunStopped
+from tripwire.otel import killswitch
 
 STUCK = Assessment(
     verdict=Verdict.STUCK, rule=Rule.PERIOD, tool="fetch_page", digest="ab" * 16, hits=3,
@@ -119,3 +122,76 @@ def test_bad_settings(kw: dict[str, float], field: str) -> None:
     with pytest.raises(ConfigError) as info:
         tw.KillFlags(**kw)  # type: ignore[arg-type]
     assert info.value.field == field
+
+
+# -- check() where no span is current; nudge, then kill ------------------------------------------
+
+
+def _tool_span_ended(provider: TracerProvider, query: str, parent: Any = None) -> None:
+    tracer = provider.get_tracer("t")
+    span = tracer.start_span(
+        "execute_tool search_docs",
+        context=trace_api.set_span_in_context(parent) if parent is not None else None,
+        attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "search_docs",
+            "gen_ai.tool.call.arguments": f'{{"query": "{query}"}}',
+        },
+    )
+    span.end()  # ended without ever being made current (as OpenInference's LangChain tracer)
+
+
+def test_check_without_a_current_span_finds_the_run_that_last_started_here(
+    global_flags: tw.KillFlags, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(killswitch, "_warned_no_run", False)  # warned once per process
+    provider = TracerProvider()
+    provider.add_span_processor(tw.TripwireSpanProcessor())
+    root = provider.get_tracer("t").start_span("agent")  # never made current
+    trace_id = root.get_span_context().trace_id
+    for _ in range(4):
+        _tool_span_ended(provider, "refund policy", root)
+    assert global_flags.get(trace_id) is not None
+    assert not trace_api.get_current_span().get_span_context().is_valid
+    with pytest.raises(LoopDetected):
+        tw.check()
+    results: list[BaseException | None] = []
+
+    def other_thread() -> None:  # a thread where no run started: nothing to find
+        try:
+            with pytest.warns(RuntimeWarning, match="found no current span"):
+                tw.check()
+            results.append(None)
+        except BaseException as exc:
+            results.append(exc)
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert results == [None]
+    root.end()
+    provider.shutdown()
+
+
+def test_a_lowered_flag_goes_up_again_at_the_next_repeated_call(
+    global_flags: tw.KillFlags,
+) -> None:
+    """Nudge, then kill: clear() after nudging; a run that keeps repeating is flagged again at
+    its next repeated call, one that changed approach is not."""
+    provider = TracerProvider()
+    provider.add_span_processor(tw.TripwireSpanProcessor())
+    tracer = provider.get_tracer("t")
+    for obeys in (False, True):
+        with tracer.start_as_current_span("agent") as root:
+            trace_id = root.get_span_context().trace_id
+            for _ in range(4):
+                _tool_span_ended(provider, "refund policy")
+            assert tw.clear(trace_id)  # the runtime nudged the model and lowered the flag
+            tw.check()
+            _tool_span_ended(provider, "refund window" if obeys else "refund policy")
+            if obeys:
+                tw.check()  # a different call: the run goes on
+            else:
+                with pytest.raises(LoopDetected):
+                    tw.check()
+    provider.shutdown()

@@ -78,13 +78,13 @@ def test_remote_parent_is_a_local_root() -> None:
     assert len(p) == 0
 
 
-def test_run_boundary_end_drops_the_trace_but_keeps_its_flag() -> None:
+def test_a_sub_agent_end_restarts_the_window_and_keeps_the_flag() -> None:
     p = processor()
     for _ in range(4):
         p.on_end(span(1, TOOL_ATTRS))
     assert p.flags.get(1) is not None
-    p.on_end(span(1, RUN_ATTRS, name="invoke_agent looper"))  # not a root: a boundary
-    assert len(p) == 0
+    p.on_end(span(1, RUN_ATTRS, name="invoke_agent looper"))  # not a root: a sub-agent ended
+    assert p.run_state(1) is None  # the loop window restarts; the root's end drops the trace
     assert p.flags.get(1) is not None
 
 
@@ -142,3 +142,43 @@ def test_a_million_trace_ids_do_not_grow_the_table() -> None:
     assert p.stats.tool_calls == 1_000_000
     assert p.stats.evicted_lru == 1_000_000 - cap
     assert p.stats.internal_errors == 0
+
+
+def test_huge_distinct_tool_names_are_kept_in_bounded_bytes() -> None:
+    """Issue 16: 3,000 finished traces with distinct 1 MB tool names once kept 3 GB (the names
+    were kept whole in flags, verdicts, budget counters and caches). Names are clipped by the
+    mapping, so what a stuck trace leaves behind is bounded whatever its tool names."""
+    import gc
+    import tracemalloc
+
+    from tripwire.core.budget import Limits
+
+    flags = tw.KillFlags()
+    p = TripwireSpanProcessor(flags=flags, limits=Limits(default_tool_cap=2, max_tool_calls=3))
+    traces = 60
+    name_bytes = 200_000
+
+    def run(first: int) -> None:
+        for t in range(first, first + traces):
+            name = f"{t:08d}" + "x" * name_bytes
+            attrs = {**TOOL_ATTRS, "gen_ai.tool.name": name}
+            for _ in range(4):
+                p.on_end(span(t + 1, attrs))
+            p.on_end(span(t + 1, {}, root=True))
+
+    run(0)  # warm: interned strings, caches at their working size
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    run(traces)
+    gc.collect()
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    kept = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert len(flags) == 2 * traces  # every trace was flagged (the flags outlive the runs)
+    flag = flags.get(traces + 1)
+    assert flag is not None and flag.assessment is not None
+    assert flag.assessment.tool is not None and len(flag.assessment.tool) < 300
+    assert len(p) == 0
+    # 60 traces x 200 KB names would be 12 MB; clipped they keep well under 1 MB
+    assert kept < 1_000_000, kept

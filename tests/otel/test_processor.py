@@ -21,7 +21,6 @@ from tripwire.core.events import ModelCall
 from tripwire.core.policy import LoopPolicy
 from tripwire.core.reasons import Rule, Verdict
 from tripwire.errors import ConfigError, LoopDetected
-from tripwire.otel.conventions import SpanView, view_from_readable_span
 from tripwire.otel.processor import (
     VERDICT_SPAN_NAME,
     TripwireSpanProcessor,
@@ -29,6 +28,7 @@ from tripwire.otel.processor import (
     _attributes_of,
     _SdkSpanView,
 )
+from tripwire.spans import SpanView, view_from_readable_span
 
 LOOP_ARGS = {"query": "refund policy"}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from tripwire.core.budget import Limits
-from tripwire.otel.conventions import SpanView
 from tripwire.serve.fleet import Fleet
+from tripwire.spans import SpanView
 
 TID = "ab" * 16
 

@@ -23,6 +23,11 @@ applies to the budgets the final answer itself consumes (steps, tokens, cost, ti
 caps on tools go from ``advise`` straight to the hard stop, because one more tool call costs
 exactly one unit and the answer needs none.
 
+:class:`Meter` is the one budget meter for a run observed *after the fact* (the span
+processor's engine, replay, the OTLP receiver): it counts what the run consumed and returns the
+same decisions (:func:`check_charges`, :func:`check_before_step`, :func:`check_duration`) the
+guard takes before each call.
+
 Pure and stdlib-only: no clock, no I/O, no logging. Time comes in as ``elapsed_s``.
 """
 
@@ -48,6 +53,7 @@ __all__ = [
     "Levels",
     "Limits",
     "Messages",
+    "Meter",
     "RunCounters",
     "Stop",
     "charge_stop",
@@ -876,3 +882,197 @@ def check_before_step(limits: Limits, counters: RunCounters) -> Stop | Advisory:
                 cap - streak,
             )
     return best
+
+
+# -- the meter ----------------------------------------------------------------------------------
+
+MAX_METERED_TOOLS: Final = 64
+"""Distinct tools one :class:`Meter` counts per tool at most (only capped tools are counted);
+the calls of further tools are counted in the total only (:attr:`Meter.untracked`)."""
+
+MAX_TOOL_KEY: Final = 256
+"""Longer tool names are counted under a clipped key (bounded bytes per run, whatever the
+names): the first characters and a hash of the rest."""
+
+
+def _tool_key(tool: str) -> str:
+    if len(tool) <= MAX_TOOL_KEY:
+        return tool
+    return f"{tool[:64]}…#{hash(tool) & 0xFFFFFFFFFFFF:012x}"
+
+
+class Meter:
+    """One run's budget meter, observed after the fact: counters in, decisions out.
+
+    Feed it each finished tool call (:meth:`tool_call`) and model call (:meth:`model_call`) with
+    their times; each returns the :class:`Stop` decisions that call brought, at most once per
+    limit (a run's stop is reported once; a per-tool cap once per tool). The question each check
+    asks is the one the runtime's next check answers: "may the run take its next step?". A count
+    cap of n (``max_tool_calls``, ``max_steps``, per-tool caps) is reached when the n-th call
+    *ends*; tokens, cost and time stop the run once their total is ``>=`` the limit.
+
+    Bounded: a few ints, and per-tool counts for at most :data:`MAX_METERED_TOOLS` capped tools
+    under keys of at most :data:`MAX_TOOL_KEY` characters. Not thread-safe (its owner locks).
+    The guard counts in its ledger and decides with the same pure checks.
+
+    Args:
+        limits: the run's limits.
+    """
+
+    __slots__ = (
+        "_by_tool",
+        "_per_tool",
+        "_stopped",
+        "_tool_stops",
+        "cost_nusd",
+        "first_start_s",
+        "input_tokens",
+        "last_end_s",
+        "limits",
+        "output_tokens",
+        "steps",
+        "tool_calls",
+        "unpriced",
+        "untracked",
+    )
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        """The limits decided on."""
+        self._per_tool = bool(limits.tool_caps) or limits.default_tool_cap is not None
+        self.steps = 0
+        """Model calls counted."""
+        self.tool_calls = 0
+        """Tool calls counted."""
+        self._by_tool: dict[str, int] | None = None
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.cost_nusd = 0
+        """Cost in integer nano-dollars (exact sums)."""
+        self.unpriced = 0
+        """Model calls whose cost was unknown."""
+        self.untracked = 0
+        """Tool calls not counted per tool (beyond :data:`MAX_METERED_TOOLS` capped tools)."""
+        self.first_start_s: float | None = None
+        """The earliest start among the calls seen (seconds, the calls' clock)."""
+        self.last_end_s: float | None = None
+        """The latest end among them."""
+        self._stopped = False
+        self._tool_stops: set[str] | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """True once a run-level stop was returned (it is returned once)."""
+        return self._stopped
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds from the earliest start to the latest end seen (0 before any)."""
+        if self.first_start_s is None or self.last_end_s is None:
+            return 0.0
+        return max(0.0, self.last_end_s - self.first_start_s)
+
+    def _see(self, start_s: float | None, end_s: float | None) -> None:
+        for t in (start_s, end_s):
+            if t is None:
+                continue
+            if self.first_start_s is None or t < self.first_start_s:
+                self.first_start_s = t
+            if self.last_end_s is None or t > self.last_end_s:
+                self.last_end_s = t
+
+    def counters(self) -> RunCounters:
+        """A snapshot of what the run consumed."""
+        return RunCounters(
+            steps=self.steps,
+            tool_calls=self.tool_calls,
+            tool_calls_by_tool=dict(self._by_tool or {}),
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            cost_usd=self.cost_nusd / NANO,
+            unpriced_calls=self.unpriced,
+            elapsed_s=self.elapsed_s,
+        )
+
+    def tool_call(
+        self, tool: str, start_s: float | None = None, end_s: float | None = None
+    ) -> tuple[tuple[Stop, bool], ...]:
+        """Count one finished tool call; the stops it brings, as ``(stop, tool_only)``.
+
+        ``tool_only`` is True for a per-tool cap (refuse that tool only, not the run). Per-tool
+        stops come first, the run's last.
+        """
+        self._see(start_s, end_s)
+        self.tool_calls += 1
+        limits = self.limits
+        stops: tuple[tuple[Stop, bool], ...] = ()
+        if self._per_tool:
+            cap, name = limits.cap_for(tool)
+            if cap is not None:
+                key = _tool_key(tool)
+                by_tool = self._by_tool
+                if by_tool is None:
+                    by_tool = self._by_tool = {}
+                used = by_tool.get(key)
+                if used is None and len(by_tool) >= MAX_METERED_TOOLS:
+                    self.untracked += 1
+                else:
+                    by_tool[key] = used = (used or 0) + 1
+                    done = self._tool_stops
+                    if done is None or key not in done:
+                        # the next call of this tool would take the count to used + 1
+                        charge = Charge(
+                            f"tool:{key}", 1, cap, name, StopReason.MAX_TOOL_CALLS_FOR_TOOL,
+                            f"{key} call", key,
+                        )  # fmt: skip
+                        stop = check_charges((charge,), {charge.counter: used})
+                        if stop is not None:
+                            if done is None:
+                                done = self._tool_stops = set()
+                            done.add(key)
+                            stops = ((stop, True),)
+        if not self._stopped:
+            stop = None
+            cap_total = limits.max_tool_calls
+            if cap_total is not None and self.tool_calls + 1 > cap_total:
+                stop = charge_stop(
+                    Charge(
+                        "tool_calls", 1, cap_total, "max_tool_calls", StopReason.MAX_TOOL_CALLS,
+                        "tool call",
+                    ),
+                    self.tool_calls,
+                )  # fmt: skip
+            if stop is None and limits.max_duration_s is not None:
+                stop = check_duration(limits, self.elapsed_s, "step")
+            if stop is not None:
+                self._stopped = True
+                stops = (*stops, (stop, False))
+        return stops
+
+    def model_call(
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        cost_usd: float | None,
+        start_s: float | None = None,
+        end_s: float | None = None,
+    ) -> Stop | None:
+        """Count one finished model call (a step) with its usage; the run's stop, if it brings one.
+
+        ``cost_usd`` is ``None`` when the call could not be priced (counted in ``unpriced``).
+        """
+        self._see(start_s, end_s)
+        self.steps += 1
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
+        if cost_usd is not None:
+            self.cost_nusd += round(min(cost_usd, 1e18) * NANO)  # 1e300 must not overflow
+        elif self.limits.max_cost_usd is not None:
+            self.unpriced += 1
+        if self._stopped:
+            return None
+        decision = check_before_step(self.limits, self.counters())
+        if isinstance(decision, Stop):
+            self._stopped = True
+            return decision
+        return None

@@ -18,7 +18,11 @@ tool only, through ``check(tool=...)``, never the run's other steps.
 
 :func:`check` with no argument reads the current span's trace id from the OpenTelemetry
 context, so it works anywhere inside the run's spans (a tool function, a framework hook, the
-loop itself). A check is one context read and one dict lookup.
+loop itself). Where the instrumentation makes no span current (OpenInference's LangChain tracer
+runs tool bodies outside their span), it takes the run of the span that last *started* in this
+thread or asyncio task (:func:`note_active_run`, which the span processor calls from
+``on_start``); with neither, it checks nothing and warns once. A check is one context read and
+one dict lookup.
 
 The registry is thread-safe and bounded: at most ``max_flags`` flags (oldest dropped first)
 and each flag expires ``ttl_s`` seconds after it was raised. A flag outlives the run's
@@ -28,8 +32,11 @@ check (``agent.run()`` returned and the caller asks whether it stopped cleanly).
 
 from __future__ import annotations
 
+import contextvars
+import logging
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,8 +57,39 @@ __all__ = [
     "KillFlags",
     "check",
     "clear",
+    "note_active_run",
     "trace_id_int",
 ]
+
+logger = logging.getLogger("tripwire.otel")
+
+_ACTIVE_RUN: Final[contextvars.ContextVar[int | None]] = contextvars.ContextVar(
+    "tripwire_active_run", default=None
+)
+"""The trace of the span that last started in this thread / asyncio task (an int, 16 bytes)."""
+
+_warned_no_run = False
+
+
+note_active_run: Final[Callable[[int], object]] = _ACTIVE_RUN.set
+"""``note_active_run(trace_id)``: record ``trace_id`` as the run active in this thread (and
+asyncio task). The span processor calls it from ``on_start`` (the context variable's own
+``set``, bound once: one C call per span); :func:`check` without a trace id falls back on it
+when no span is current."""
+
+
+def _no_run_found() -> None:
+    global _warned_no_run
+    if _warned_no_run:
+        return
+    _warned_no_run = True
+    message = (
+        "tripwire.otel.check() found no current span and no run started in this thread or "
+        "task, so it checked nothing: pass check(trace_id=...), or call it inside the run's "
+        "spans with tripwire's span processor installed (tripwire.otel.instrument())"
+    )
+    logger.warning("%s (logged once)", message)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 DEFAULT_MAX_FLAGS: Final = 10_000
 """Flags kept at most; the oldest is dropped first (raised flags are rare: stuck runs only)."""
@@ -272,7 +310,8 @@ class KillFlags:
 
         Args:
             trace_id: the run's trace id (int or 32 hex); ``None`` = the trace of the current
-                OpenTelemetry span. Outside any span (no valid context) nothing is checked.
+                OpenTelemetry span, else the run whose span last started in this thread or
+                task; with neither, nothing is checked (warned once).
             tool: the tool about to be called, if the check guards a tool call: then a tool
                 flag of that tool (a per-tool cap reached) raises too.
 
@@ -286,9 +325,13 @@ class KillFlags:
         """
         if trace_id is None:
             ctx = trace_api.get_current_span().get_span_context()
-            if not ctx.is_valid:
-                return
-            trace_id = ctx.trace_id
+            if ctx.is_valid:
+                trace_id = ctx.trace_id
+            else:
+                trace_id = _ACTIVE_RUN.get()
+                if trace_id is None:
+                    _no_run_found()
+                    return
         if not self._flags and (tool is None or not self._tool_flags):
             return  # the common case: nothing is flagged anywhere
         flag = self.get(trace_id, tool)
@@ -335,7 +378,8 @@ def check(trace_id: int | str | None = None, *, tool: str | None = None) -> None
     flag is up.
 
     Call it before each agent step or tool call. ``trace_id=None`` means the current span's
-    trace (from the OpenTelemetry context); outside any span it does nothing. Before a tool
+    trace (from the OpenTelemetry context), else the run whose span last started in this thread
+    or task; with neither it does nothing and warns once. Before a tool
     call, pass ``tool=`` its name so a per-tool cap that was reached refuses it. Cheap: a
     context read and a dict lookup.
 

@@ -1,39 +1,49 @@
-"""The OpenTelemetry span processor that watches every agent's tool calls for loops.
+"""The OpenTelemetry span processor: a thin shell over :class:`tripwire.engine.Engine`.
 
-:class:`TripwireSpanProcessor` sits in the trace pipeline, usually wrapped around the
-processor that already exports the spans::
+A tool span's path, in three sentences. :meth:`TripwireSpanProcessor.on_end` maps the span
+once (a key pre-filter, :func:`~tripwire.spans.classify` and
+:func:`~tripwire.spans.map_tool_span` on the SDK's own attribute dict). It hands the event to
+the engine once (:meth:`~tripwire.engine.Engine.observe` signs, deduplicates, judges and meters
+it under one short lock and returns decisions as values). Only when a decision came back does it
+act on it once: raise the kill flag, call the callbacks, and annotate the span for the wrapped
+processor.
+
+:class:`TripwireSpanProcessor` sits in the trace pipeline, usually wrapped around the processor
+that already exports the spans::
 
     provider.add_span_processor(
         TripwireSpanProcessor(BatchSpanProcessor(OTLPSpanExporter()))
     )
 
-For each finished span it asks what the span is: four key tests on the SDK's attribute dict
-and one substring test on the name reject a span that is no agent span (most spans stop
-there, having cost about as much as one Python call); the others go to
-:func:`~tripwire.otel.conventions.classify`. A tool span is mapped to a
-:class:`~tripwire.core.events.ToolCall` and fed to that trace's loop watcher
-(:func:`tripwire.core.watch.evaluate`). When the verdict of a run changes, the processor
+The engine keeps every run's state (loop watcher and budget meter, bounded in count and bytes:
+see :mod:`tripwire.engine`); this module owns what is OpenTelemetry's: reading SDK spans, the
+annotation, the kill flags (:mod:`tripwire.otel.killswitch`) and the callbacks, as the SDK's
+``BatchSpanProcessor`` is a thin shell over its signal-agnostic ``BatchProcessor``.
+
+Decisions
+---------
+When the verdict of a run changes, the processor
 
 1. annotates the span with ``tripwire.verdict``, ``tripwire.rule``, ``tripwire.reason``,
-   ``tripwire.period`` (and the call index and versions) *before* the wrapped processor
-   sees it, so the annotation reaches its exporter;
+   ``tripwire.period`` (and the call index and versions) *before* the wrapped processor sees
+   it, so the annotation reaches its exporter;
 2. calls the ``on_verdict`` callbacks;
-3. on ``stuck``, raises the run's kill flag (:mod:`tripwire.otel.killswitch`), which the
-   agent runtime reads with :func:`tripwire.otel.check` before its next step.
+3. on ``stuck``, raises the run's kill flag, which the agent runtime reads with
+   :func:`tripwire.otel.check` before its next step. A stuck run that repeats itself again
+   raises its flag again if it was lowered (nudge, then kill).
 
 Budgets
 -------
-Given ``limits=`` (a :class:`~tripwire.core.budget.Limits`), the processor also counts, per
-trace, tool calls (all tools, and per tool when a per-tool cap applies), model steps, input
-and output tokens and cost (from model-call spans, each call once), and the time since the
-earliest start among the trace's tool and model spans. Spans arrive *after* the work they
-record, so every check asks the question the runtime's next :func:`~tripwire.otel.check`
-answers: "may the run take its next step?". A count cap of n (``max_tool_calls``,
-``max_steps``) is therefore reached, and the flag raised, when the n-th call *ends*: the
-(n+1)-th is refused by the runtime's check, as :class:`tripwire.Guard` refuses it. Tokens,
-cost and time stop the run once their total is ``>=`` the limit. The decisions are the pure
-functions of :mod:`tripwire.core.budget` (``check_charges``, ``check_before_step``,
-``check_duration``). Per-tool caps raise a *tool flag* (only ``check(tool=...)`` raises it), the
+Given ``limits=`` (a :class:`~tripwire.core.budget.Limits`), the engine's
+:class:`~tripwire.core.budget.Meter` counts, per trace, tool calls (all tools, and per tool when
+a per-tool cap applies), model steps, input and output tokens and cost (from model-call spans,
+each call once; a reported cost attribute first, else :class:`tripwire.prices.Pricer`), and the
+time since the earliest start among the trace's tool and model spans. Spans arrive *after* the
+work they record, so every check asks the question the runtime's next
+:func:`~tripwire.otel.check` answers: "may the run take its next step?". A count cap of n is
+reached when the n-th call *ends*: the (n+1)-th is refused by the runtime's check, as
+:class:`tripwire.Guard` refuses it. Tokens, cost and time stop the run once their total is
+``>=`` the limit. Per-tool caps raise a *tool flag* (only ``check(tool=...)`` raises it), the
 others the run's flag; each is raised once per run, annotated on the span
 (``tripwire.stop_reason``, ``tripwire.limit_name``, ``tripwire.limit``, ``tripwire.observed``)
 and reported to the ``on_budget`` callbacks. Without ``limits`` none of this runs.
@@ -41,49 +51,28 @@ and reported to the ``on_budget`` callbacks. Without ``limits`` none of this run
 How the annotation reaches exporters
 -------------------------------------
 A span is read-only once ended: the SDK freezes its attributes before calling ``on_end``, and
-every processor of the provider receives the same ``ReadableSpan``. The processor never
-mutates that object (another processor may be exporting it on its own thread). Instead, on a
-verdict change only, it builds a *derived* ``ReadableSpan``: the same name, context, parent,
-resource, events, links, kind, status, times and scope, with the original attributes plus
-the ``tripwire.*`` ones, and passes that copy to the **wrapped** processor. This is what the
-SDK itself does (``Span._readable_span()`` builds a fresh ``ReadableSpan`` for ``on_end``),
-and it uses only the public constructor. Consequences:
-
-- processors registered *beside* tripwire on the provider see the span without the
-  annotation; wrap the exporting processor to get it exported;
-- standing alone (no wrapped processor), the processor can instead emit a small
-  ``tripwire.verdict`` child span of the tool span through a ``tracer`` (what
-  :func:`tripwire.otel.instrument` does when it has nothing to wrap), which every processor
-  of the provider exports.
-
-Memory bounds
--------------
-One :class:`_Run` per active trace: the watcher's ring (:class:`~tripwire.core.watch.RunState`)
-and a ring of recent call-id hashes, plus, with ``limits``, a few counters (:class:`_Budget`,
-about 270 bytes). A run is dropped when the trace's local root span ends (no parent, or a
-remote parent), when a run-boundary span ends (``invoke_agent …``, an OpenInference ``AGENT``
-span…: a sub-agent's end restarts the trace's window, which can delay a detection but never
-causes one; with budgets only the loop watcher restarts, the budget counters are the whole
-trace's), after ``idle_ttl_s`` without a tool (or, with budgets, model) span, and least
-recently used first beyond ``max_traces``. Kill flags live in their own bounded registry.
+every processor of the provider receives the same ``ReadableSpan``. The processor never mutates
+that object. Instead, on a decision only, it builds a *derived* ``ReadableSpan`` (the same
+name, context, parent, resource, events, links, kind, status, times and scope, with the original
+attributes plus the ``tripwire.*`` ones) and passes that copy to the **wrapped** processor, as
+the SDK itself builds a fresh ``ReadableSpan`` for ``on_end``. Processors registered *beside*
+tripwire see the span without the annotation; standing alone (no wrapped processor), the
+processor can instead emit a small ``tripwire.verdict`` child span through a ``tracer``.
 
 Threads
 -------
-``on_end`` runs on the thread that ends the span. It never raises (one broad ``except`` at
-this boundary: counted in :attr:`TripwireSpanProcessor.stats`, logged once) and never waits
-on I/O: the only lock is held for the few microseconds of a table update and one evaluation.
-Callbacks run on the same thread: keep them quick (hand work to a queue).
+``on_end`` runs on the thread that ends the span. It never raises (one broad ``except`` at this
+boundary: counted in :attr:`TripwireSpanProcessor.stats`, logged once) and never waits on I/O.
+``on_start`` records the span's trace as this thread's (and asyncio task's) active run, so that
+:func:`~tripwire.otel.check` finds the run where no span is current. Callbacks run on the
+span-ending thread: keep them quick (hand work to a queue).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import struct
-import threading
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -95,26 +84,31 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
-from tripwire.core.budget import (
-    NANO,
-    Charge,
-    Limits,
-    RunCounters,
-    Stop,
-    check_before_step,
-    check_charges,
-    check_duration,
-    plan_tool_calls,
-)
+from tripwire.core.budget import Limits, RunCounters, Stop
 from tripwire.core.events import ModelCall
 from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
 from tripwire.core.reasons import Verdict
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
-from tripwire.core.watch import Assessment, RunState, evaluate
-from tripwire.errors import ConfigError
-from tripwire.otel.conventions import (
+from tripwire.core.watch import Assessment, RunState
+from tripwire.engine import (
+    DEFAULT_IDLE_TTL_S,
+    DEFAULT_MAX_TRACES,
+    Boundary,
+    BudgetStopped,
+    Decision,
+    Engine,
+    EngineStats,
+    ModelSpan,
+    StillStuck,
+    ToolSpan,
+    VerdictChanged,
+)
+from tripwire.otel.killswitch import KILL_FLAGS, KillFlags, note_active_run
+from tripwire.prices import PriceFn, Pricer, genai_price
+from tripwire.spans.mapping import (
     _INPUT_KEYS,
     _OUTPUT_KEYS,
+    COST_ATTRIBUTES,
     MAPPING_VERSION,
     MappingStats,
     SpanRole,
@@ -124,15 +118,12 @@ from tripwire.otel.conventions import (
     classify,
     map_model_span,
 )
-from tripwire.otel.killswitch import KILL_FLAGS, KillFlags
-from tripwire.prices import PriceFn, genai_price
 
 __all__ = [
     "BUDGET_SPAN_NAME",
     "COST_ATTRIBUTES",
     "DEFAULT_IDLE_TTL_S",
     "DEFAULT_MAX_TRACES",
-    "MAX_TOOLS_PER_TRACE",
     "VERDICT_SPAN_NAME",
     "BudgetCallback",
     "BudgetStop",
@@ -144,28 +135,11 @@ __all__ = [
 
 logger = logging.getLogger("tripwire.otel")
 
-DEFAULT_MAX_TRACES: Final = 10_000
-"""Active traces watched at most; beyond it the least recently active one is dropped."""
-
-DEFAULT_IDLE_TTL_S: Final = 15 * 60.0
-"""A trace with no tool span for this long (15 minutes) is dropped."""
-
-CALL_ID_MEMORY: Final = 16
-"""Recent call ids remembered per trace to count partial/streamed spans of one call once."""
-
 VERDICT_SPAN_NAME: Final = "tripwire.verdict"
 """Name of the child span a standalone processor emits on a verdict change (with a tracer)."""
 
 BUDGET_SPAN_NAME: Final = "tripwire.budget"
 """Name of the child span a standalone processor emits on a budget stop (with a tracer)."""
-
-MAX_TOOLS_PER_TRACE: Final = 64
-"""Distinct tools counted per trace for per-tool caps; beyond it new tools are not counted
-(``ProcessorStats.untracked_tools``, logged once). Only capped tools are counted at all."""
-
-COST_ATTRIBUTES: Final = ("operation.cost", "llm.cost.total", "gen_ai.usage.cost")
-"""Span attributes read as a model call's reported cost in USD (pydantic-ai, OpenInference,
-Langfuse-style), first present wins; without one the cost comes from the price table."""
 
 _UNSUPPORTED_LIMITS: Final = (
     "max_duplicate_calls",
@@ -174,11 +148,14 @@ _UNSUPPORTED_LIMITS: Final = (
     "tool_timeout_s",
 )
 """Limits the span processor cannot enforce from spans (a warning at construction)."""
-_MAX_PLANS: Final = 1024
 
 _EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 _HAS_PARENT: Final = "parent"  # classify() only tests ``parent_span_id is None``
 _ERROR: Final = StatusCode.ERROR
+_TOOL: Final = SpanRole.TOOL
+_MODEL: Final = SpanRole.MODEL
+_RUN: Final = SpanRole.RUN
+_OTHER: Final = SpanRole.OTHER
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -227,164 +204,17 @@ exception is caught, counted and logged once)."""
 
 
 @dataclass(slots=True)
-class ProcessorStats:
-    """Counters of one processor. Plain ints: diagnostics, not budgets."""
+class ProcessorStats(EngineStats):
+    """Counters of one processor: the engine's, plus what the shell counts. Plain ints."""
 
-    tool_calls: int = 0
-    """Tool spans judged."""
-    duplicate_calls: int = 0
-    """Tool spans skipped because their call id was already counted (partial/streamed)."""
-    model_calls: int = 0
-    """Model-call spans seen (handed to :meth:`TripwireSpanProcessor.observe_model_call`)."""
-    verdict_changes: int = 0
-    """Verdict changes (annotated spans)."""
     flags_raised: int = 0
-    """Kill flags raised (``stuck`` verdicts)."""
-    runs_ended: int = 0
-    """Per-trace states dropped because the run's root or boundary span ended."""
-    evicted_idle: int = 0
-    """Per-trace states dropped after the idle TTL."""
-    evicted_lru: int = 0
-    """Per-trace states dropped because ``max_traces`` was reached."""
+    """Kill flags raised for loops (``stuck`` verdicts, and again after a lowered flag)."""
     callback_errors: int = 0
     """Exceptions raised by ``on_verdict`` and ``on_budget`` callbacks (caught)."""
-    duplicate_model_calls: int = 0
-    """Model spans not counted again for budgets: their ``gen_ai.response.id`` was counted."""
-    budget_stops: int = 0
-    """Budget limits reached (run flags and tool flags raised)."""
-    unpriced_calls: int = 0
-    """Model calls with no known price under ``max_cost_usd``: their cost is not counted."""
     usage_errors: int = 0
-    """Unusable usage or cost attributes, and failed price lookups (ignored, logged once)."""
-    untracked_tools: int = 0
-    """Tool calls not counted per tool because a trace had ``MAX_TOOLS_PER_TRACE`` tools."""
+    """Unusable usage or cost attributes on model spans (ignored, logged once)."""
     internal_errors: int = 0
     """Exceptions inside the processor itself (caught at the ``on_end`` boundary)."""
-
-    def as_dict(self) -> dict[str, int]:
-        """The counters by name."""
-        return {name: getattr(self, name) for name in self.__slots__}
-
-
-class _Budget:
-    """The per-trace budget counters (only with ``limits``)."""
-
-    __slots__ = (
-        "by_tool",
-        "cost_nusd",
-        "first_start_ns",
-        "input_tokens",
-        "last_end_ns",
-        "output_tokens",
-        "steps",
-        "stopped",
-        "tool_calls",
-        "tool_stops",
-        "unpriced",
-    )
-
-    def __init__(self, start_ns: int) -> None:
-        self.steps = 0
-        self.tool_calls = 0
-        self.by_tool: dict[str, int] | None = None
-        """Calls per capped tool (allocated at the first capped tool)."""
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.cost_nusd = 0
-        """Cost in integer nano-dollars (exact sums)."""
-        self.unpriced = 0
-        self.first_start_ns = start_ns
-        """The earliest start among the trace's tool and model spans (ns since the epoch)."""
-        self.last_end_ns = start_ns
-        """The latest end among them."""
-        self.stopped = False
-        """The run's budget flag was raised (it is raised once per run)."""
-        self.tool_stops: set[str] | None = None
-        """Tools whose tool flag was raised."""
-
-    def see(self, span: ReadableSpan) -> float:
-        """Widen the run's time span to ``span``; return the seconds from its start to now."""
-        start = span.start_time
-        if start is not None and start < self.first_start_ns:
-            self.first_start_ns = start
-        end = span.end_time
-        if end is not None and end > self.last_end_ns:
-            self.last_end_ns = end
-        return self.elapsed_s
-
-    @property
-    def elapsed_s(self) -> float:
-        return max(0, self.last_end_ns - self.first_start_ns) / 1e9
-
-    def counters(self) -> RunCounters:
-        elapsed_s = self.elapsed_s
-        return RunCounters(
-            steps=self.steps,
-            tool_calls=self.tool_calls,
-            tool_calls_by_tool=dict(self.by_tool or {}),
-            input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens,
-            cost_usd=self.cost_nusd / NANO,
-            unpriced_calls=self.unpriced,
-            elapsed_s=elapsed_s,
-        )
-
-
-_pack_hash: Final = struct.Struct("<q").pack
-
-
-def _py_remember_id(ids: bytes | None, text: str, memory: int) -> bytes:
-    """``ids`` itself when it holds the hash of ``text``, else ``ids`` with that hash appended.
-
-    A memory of recent ids as ``bytes``: the ``hash()`` of up to ``memory`` ids, 8 bytes each,
-    oldest first (``None`` is the empty memory); the oldest is dropped beyond ``memory``.
-    ``bytes`` rather than an ``array``: ``bytes.find`` searches in C where ``in`` on an array
-    makes an ``int`` of every element. Eight bytes per id whatever the id's length: the memory
-    is bounded in bytes as well as in count.
-    """
-    key = _pack_hash(hash(text))
-    if ids is None:
-        return key
-    at = ids.find(key)
-    while at >= 0:
-        if not at & 7:  # a whole entry, not bytes straddling two
-            return ids
-        at = ids.find(key, at + 1)
-    return (ids[8:] if len(ids) >= 8 * memory else ids) + key
-
-
-_remember_id: Final = _py_remember_id
-
-
-class _Run:
-    """The per-trace state: the watcher's ring, recent call ids, last activity, budget."""
-
-    __slots__ = ("budget", "call_ids", "last_seen", "state")
-
-    def __init__(self, state: RunState | None, now: float) -> None:
-        self.state = state
-        """The loop watcher (``None`` until the trace's first tool call, with budgets)."""
-        self.last_seen = now
-        self.call_ids: bytes | None = None
-        """The hashes of the last ``CALL_ID_MEMORY`` call ids (see :func:`_py_remember_id`);
-        ``None`` until the first call id."""
-        self.budget: _Budget | None = None
-        """Budget counters (only with ``limits``)."""
-
-    def seen_call(self, call_id: str) -> bool:
-        """True if ``call_id`` was counted recently; else remember it and return False."""
-        ids = self.call_ids
-        remembered = _remember_id(ids, call_id, CALL_ID_MEMORY)
-        if remembered is ids:
-            return True
-        self.call_ids = remembered
-        return False
-
-
-def _check_positive(name: str, value: Any, expected: str, *, integer: bool) -> None:
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or not value > 0:
-        raise ConfigError(name, value, expected)
 
 
 class TripwireSpanProcessor(SpanProcessor):
@@ -411,7 +241,8 @@ class TripwireSpanProcessor(SpanProcessor):
         on_budget: a callback or callbacks, called with a :class:`BudgetStop` when a trace
             reaches a limit (on the span-ending thread).
         prices: ``(model, provider, input_tokens, output_tokens) -> USD | None`` for
-            ``max_cost_usd`` (default the ``genai-prices`` table; ``None`` prices nothing).
+            ``max_cost_usd`` (default the ``genai-prices`` table; ``None`` prices nothing),
+            called through :class:`tripwire.prices.Pricer` (never raises, warns once per model).
 
     Raises:
         ConfigError: for a bad ``max_traces``, ``idle_ttl_s`` or ``limits``.
@@ -437,36 +268,34 @@ class TripwireSpanProcessor(SpanProcessor):
         on_budget: BudgetCallback | Iterable[BudgetCallback] = (),
         prices: PriceFn | None = genai_price,
     ) -> None:
-        if not isinstance(policy, LoopPolicy):
-            raise ConfigError("policy", policy, "a LoopPolicy")
-        if limits is not None and not isinstance(limits, Limits):
-            raise ConfigError("limits", limits, "a tripwire Limits, or None")
-        _check_positive("max_traces", max_traces, "an integer >= 1", integer=True)
-        _check_positive("idle_ttl_s", idle_ttl_s, "a number > 0", integer=False)
+        self.stats = ProcessorStats()
+        """Counters (tool calls, duplicates, verdict changes, evictions, errors)."""
+        priced = isinstance(limits, Limits) and limits.max_cost_usd is not None
+        self._engine = Engine(
+            policy,
+            limits=limits,
+            normalizer=normalizer,
+            clock=clock,
+            max_traces=max_traces,
+            idle_ttl_s=idle_ttl_s,
+            price=Pricer(prices, warn=False).cost if priced and prices is not None else None,
+            stats=self.stats,
+        )
         self._inner = inner
         self.policy = policy
         self._normalizer = normalizer
         self._callbacks: tuple[VerdictCallback, ...] = (
             (on_verdict,) if callable(on_verdict) else tuple(on_verdict)
         )
-        self.max_traces = max_traces
-        self.idle_ttl_s = float(idle_ttl_s)
-        self._clock = clock
         self.flags = flags if flags is not None else KILL_FLAGS
         self._tracer = tracer
         self.limits = limits
         """The budgets enforced per trace (``None``: none)."""
-        self._limits = limits if limits is not None and limits.has_limits() else None
+        self._budgets = limits is not None and limits.has_limits()
+        self._priced = priced
         self._budget_callbacks: tuple[BudgetCallback, ...] = (
             (on_budget,) if callable(on_budget) else tuple(on_budget)
         )
-        self._prices = prices
-        self._plans: dict[str, tuple[Charge, ...]] = {}
-        self._priced = limits is not None and limits.max_cost_usd is not None
-        self._per_tool = limits is not None and (
-            bool(limits.tool_caps) or limits.default_tool_cap is not None
-        )
-        self._unpriced_models: set[str] = set()
         if limits is not None:
             ignored = [n for n in _UNSUPPORTED_LIMITS if getattr(limits, n) is not None]
             if ignored:
@@ -476,26 +305,24 @@ class TripwireSpanProcessor(SpanProcessor):
                     UserWarning,
                     stacklevel=2,
                 )
-        self._runs: OrderedDict[int, _Run] = OrderedDict()
-        self._lock = threading.Lock()
         self._logged: set[str] = set()
         self._shutdown = False
-        self.stats = ProcessorStats()
-        """Counters (tool calls, duplicates, verdict changes, evictions, errors)."""
         self.mapping_stats = MappingStats()
         """Counters of the span mapping (malformed tool spans are counted here)."""
         if inner is not None:
-            # The SDK calls on_start and _on_ending on every processor for every span, and
-            # tripwire only forwards them: hand the SDK the wrapped processor's own methods (one
-            # call per span instead of two). Not when a subclass overrides them.
-            cls = type(self)
-            if cls.on_start is TripwireSpanProcessor.on_start:
-                self.on_start = inner.on_start  # type: ignore[method-assign]
+            # The SDK calls _on_ending on every processor for every span, and tripwire only
+            # forwards it: hand the SDK the wrapped processor's own method (one call per span
+            # instead of two). Not when a subclass overrides it.
             ending = getattr(inner, "_on_ending", None)
-            if ending is not None and cls._on_ending is TripwireSpanProcessor._on_ending:
+            if ending is not None and type(self)._on_ending is TripwireSpanProcessor._on_ending:
                 self._on_ending = ending  # type: ignore[method-assign]
 
     # -- introspection ---------------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        """The engine that keeps the runs' state and decides."""
+        return self._engine
 
     @property
     def inner(self) -> SpanProcessor | None:
@@ -507,41 +334,49 @@ class TripwireSpanProcessor(SpanProcessor):
         """The signature normalizer (set at construction)."""
         return self._normalizer
 
+    @property
+    def max_traces(self) -> int:
+        """Active traces watched at most."""
+        return self._engine.max_traces
+
+    @property
+    def idle_ttl_s(self) -> float:
+        """Seconds without activity after which a trace's state is dropped."""
+        return self._engine.idle_ttl_s
+
     def __len__(self) -> int:
         """Active traces being watched."""
-        return len(self._runs)
+        return len(self._engine)
 
     def run_state(self, trace_id: int | str) -> RunState | None:
         """The watcher state of a trace (for tests and diagnostics), or ``None`` (not watched,
         or no tool call yet)."""
-        tid = trace_id if isinstance(trace_id, int) else int(trace_id, 16)
-        run = self._runs.get(tid)
-        return run.state if run is not None else None
+        return self._engine.run_state(_tid(trace_id))
 
     def counters(self, trace_id: int | str) -> RunCounters | None:
         """What an active trace consumed, as the budgets count it (``None`` without ``limits``
         or when the trace is not watched). ``elapsed_s`` runs to the latest span end seen."""
-        tid = trace_id if isinstance(trace_id, int) else int(trace_id, 16)
-        run = self._runs.get(tid)
-        budget = run.budget if run is not None else None
-        if budget is None:
-            return None
-        return budget.counters()
+        return self._engine.counters(_tid(trace_id))
 
     def verdict(self, trace_id: int | str) -> Assessment | None:
         """The verdict in force for an active trace, or ``None`` if it is not watched."""
-        state = self.run_state(trace_id)
-        return state.current if state is not None else None
+        return self._engine.verdict(_tid(trace_id))
 
     # -- SpanProcessor -----------------------------------------------------------------------
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        """Forward to the wrapped processor; tripwire judges finished spans only.
+        """Record the span's trace as this thread's (and task's) active run, then forward.
 
-        With a wrapped processor, the constructor replaces this method by the wrapped one's
-        ``on_start`` on the instance (and ``_on_ending`` likewise): the SDK then calls it
-        directly.
+        The record is what lets :func:`~tripwire.otel.check` find the run in a tool body where
+        the instrumentation made no span current (OpenInference's LangChain tracer).
         """
+        try:
+            note_active_run(span.context.trace_id)
+        except Exception as exc:
+            # The agent-facing boundary (on_start runs on the agent's thread): a span without
+            # a usable context is only not recorded. Counted, logged once.
+            self.stats.internal_errors += 1
+            self._log_once("on_start", "tripwire span processor failed on a span start: %r", exc)
         inner = self._inner
         if inner is not None:
             inner.on_start(span, parent_context=parent_context)
@@ -553,45 +388,14 @@ class TripwireSpanProcessor(SpanProcessor):
             inner._on_ending(span)
 
     def on_end(self, span: ReadableSpan) -> None:
-        """Judge the span if it is a tool call, then hand it (maybe annotated) to ``inner``.
+        """Judge the span if it is an agent span, then hand it (maybe annotated) to ``inner``.
 
         Never raises for anything tripwire does; never blocks.
         """
         out = span
         if not self._shutdown:
-            s: Any = span
             try:
-                try:
-                    # An SDK span, read without its properties (see _attributes_of): the plain
-                    # attribute dict, the name, the parent. A duck-typed span, or one whose name
-                    # is not a string, takes the general path (_observe).
-                    attrs = s._attributes._dict
-                    name = s._name
-                    parent = s._parent
-                    named_tool = "tool" in name
-                except (AttributeError, TypeError):
-                    attrs = None
-                if type(attrs) is not dict:
-                    out = self._observe(span)
-                elif "gen_ai.operation.name" in attrs:
-                    if attrs["gen_ai.operation.name"] == "execute_tool":  # classify()'s first rule
-                        out = self._tool(span, attrs, name)
-                        if parent is None or parent.is_remote:
-                            self._end_run(span)
-                    else:
-                        out = self._agent_span(span, attrs, name, parent)
-                elif (
-                    # The other keys classify() reads, and the one substring both of its name
-                    # rules need: a span with none of them is no agent span (most spans stop
-                    # here; tests/otel/test_fast_paths.py pins the agreement with classify).
-                    "openinference.span.kind" in attrs
-                    or "traceloop.span.kind" in attrs
-                    or "gen_ai.tool.name" in attrs
-                    or named_tool
-                ):
-                    out = self._agent_span(span, attrs, name, parent)
-                elif parent is None or parent.is_remote:
-                    self._end_run(span)
+                out = self._judge(span)
             except Exception as exc:
                 # The agent-facing boundary: the SDK does not catch exceptions from on_end, so
                 # anything raised here would escape from the agent's span.end() and skip the
@@ -608,8 +412,7 @@ class TripwireSpanProcessor(SpanProcessor):
         if self._shutdown:
             return
         self._shutdown = True
-        with self._lock:
-            self._runs.clear()
+        self._engine.clear()
         if self._inner is not None:
             self._inner.shutdown()
 
@@ -622,11 +425,11 @@ class TripwireSpanProcessor(SpanProcessor):
     # -- extension point -----------------------------------------------------------------------
 
     def observe_model_call(self, trace_id: int, call: ModelCall) -> None:
-        """Called with each model-call span's usage (tokens, model), once per call.
+        """Called with each model-call span's usage (tokens, model), once per span.
 
-        The hook for per-run budgets (a :class:`tripwire.Guard` fed the token usage of each
-        trace). The default does nothing. Overrides run inside the ``on_end`` boundary (their
-        exceptions are caught and counted) and must not block.
+        The hook for per-run budgets of one's own (a :class:`tripwire.Guard` fed the token
+        usage of each trace). The default does nothing. Overrides run inside the ``on_end``
+        boundary (their exceptions are caught and counted) and must not block.
         """
 
     # -- eviction ------------------------------------------------------------------------------
@@ -637,229 +440,90 @@ class TripwireSpanProcessor(SpanProcessor):
         Runs by itself whenever a new trace starts; call it from a timer if traces can stop
         arriving for long periods.
         """
-        with self._lock:
-            return self._evict_idle(self._clock() if now is None else now)
+        return self._engine.evict_idle(now)
 
     def end_run(self, trace_id: int | str) -> bool:
-        """Forget a trace's watcher state now (its kill flag stays); True if it was watched."""
-        tid = trace_id if isinstance(trace_id, int) else int(trace_id, 16)
-        with self._lock:
-            return self._runs.pop(tid, None) is not None
+        """Forget a trace's state now (its kill flag stays); True if it was watched."""
+        return self._engine.end(_tid(trace_id)) is not None
 
-    # -- the hot path ----------------------------------------------------------------------------
+    # -- the path ----------------------------------------------------------------------------
 
-    def _observe(self, span: ReadableSpan) -> ReadableSpan:
-        """The general path, through the public ``ReadableSpan`` API (any duck-typed span)."""
-        return self._agent_span(span, _attributes_of(span), span.name, span.parent)
-
-    def _agent_span(
-        self,
-        span: ReadableSpan,
-        attrs: Mapping[str, Any],
-        name: str,
-        parent: trace_api.SpanContext | None,
-    ) -> ReadableSpan:
-        root = parent is None or parent.is_remote
-        if attrs.get("gen_ai.operation.name") == "execute_tool":  # classify()'s first rule
-            role = SpanRole.TOOL
-        else:
-            role = classify(attrs, name, None if parent is None else _HAS_PARENT)
-        if role is SpanRole.OTHER:
-            if root:
-                self._end_run(span)
-            return span
-        if role is SpanRole.TOOL:
-            out = self._tool(span, attrs, name)
-            if root:
-                self._end_run(span)
-            return out
-        if role is SpanRole.RUN:
-            self._end_run(span, root=root)
-            return span
-        # SpanRole.MODEL
-        call = map_model_span(_view_of(span, attrs))
-        out = span
-        if call is not None:
-            self.stats.model_calls += 1
-            self.mapping_stats.model_spans += 1
-            self.observe_model_call(span.context.trace_id, call)
-            if self._limits is not None:
-                out = self._model(span, attrs, call)
-        if root:
-            self._end_run(span)
-        return out
-
-    def _end_run(self, span: ReadableSpan, *, root: bool = True) -> None:
-        tid = span.context.trace_id
-        runs = self._runs
-        if tid in runs:  # unlocked peek: most root spans have no tool calls
-            with self._lock:
-                run = runs.get(tid)
-                if run is None:
-                    return
-                if not root and run.budget is not None:
-                    run.state = None  # a sub-agent ended: restart the watcher, keep the budget
-                    return
-                del runs[tid]
-                self.stats.runs_ended += 1
-
-    def _tool(self, span: ReadableSpan, attrs: Mapping[str, Any], name: str) -> ReadableSpan:
+    def _judge(self, span: ReadableSpan) -> ReadableSpan:
+        """Map the span once, hand it to the engine once, act on what comes back."""
         s: Any = span
-        try:  # the SDK's fields, as in on_end; the public properties for a duck-typed span
-            start = s._start_time
-            end = s._end_time
-            failed = s._status._status_code is _ERROR
-            ctx = s._context
-        except AttributeError:
-            start, end, ctx = span.start_time, span.end_time, span.context
-            failed = span.status.status_code is _ERROR
-        normalizer = self._normalizer
-        # The mapping and the signature (parse, canonicalize, hash), the costly part, outside
-        # the lock.
-        call = _tool_call(
-            attrs,
-            name,
-            None if start is None else start / 1e9,
-            None if end is None else end / 1e9,
-            (_exception_type(span) or "") if failed else None,
-            normalizer,
-        )
-        if call is None:
-            self.mapping_stats.malformed += 1
-            return span
-        sig = normalizer.signature(call.tool, call.arguments)
-        self.mapping_stats.tool_spans += 1
-        tid: int = ctx.trace_id
-        now = self._clock()
-        stops: list[tuple[Stop, bool]] | None = None
-        lock = self._lock
-        lock.acquire()
         try:
-            runs = self._runs
-            run = runs.get(tid)
-            if run is not None and now - run.last_seen <= self.idle_ttl_s:
-                run.last_seen = now  # _run_for(), inlined for a trace already watched
-                runs.move_to_end(tid)
-            else:
-                run = self._run_for(tid, now)
-            call_id = call.call_id
-            if call_id is not None:
-                ids = run.call_ids  # run.seen_call(call_id), inlined
-                remembered = _remember_id(ids, call_id, CALL_ID_MEMORY)
-                if remembered is ids:
-                    self.stats.duplicate_calls += 1
+            # An SDK span, read without its properties (see _attributes_of): the plain
+            # attribute dict, the name, the parent, the context.
+            attrs = s._attributes._dict
+            name = s._name
+            parent = s._parent
+            tid: int = s._context.trace_id
+        except AttributeError:
+            attrs = None
+        if type(attrs) is not dict or type(name) is not str:
+            # A duck-typed span, or one whose name is not a string: the public API.
+            attrs = _attributes_of(span)
+            name = span.name
+            parent = span.parent
+            tid = span.context.trace_id
+        root = parent is None or parent.is_remote
+        role = _role_of(attrs, name, parent)
+        decisions: tuple[Decision, ...]
+        if role is _TOOL:
+            try:  # the SDK's fields, as above; the public properties for a duck-typed span
+                start = s._start_time
+                end = s._end_time
+                failed = s._status._status_code is _ERROR
+            except AttributeError:
+                start, end = span.start_time, span.end_time
+                failed = span.status.status_code is _ERROR
+            call = _tool_call(
+                attrs,
+                name,
+                None if start is None else start / 1e9,
+                None if end is None else end / 1e9,
+                (_exception_type(span) or "") if failed else None,
+                self._normalizer,
+            )
+            if call is None:
+                self.mapping_stats.malformed += 1
+                if not root:
                     return span
-                run.call_ids = remembered
-            self.stats.tool_calls += 1
-            state = run.state
-            if state is None:
-                state = run.state = RunState.new(self.policy)
-            previous = state.current
-            assessment = evaluate(state, call, self.policy, normalizer, signature=sig)
-            if self._limits is not None:
-                stops = self._charge_tool(self._limits, run, span, call.tool)
-        finally:
-            lock.release()
-        if assessment is None and not stops:
-            return span  # the verdict did not change: the common case
-        # A run's first verdict, "working", is not news: nothing to report.
-        changed = assessment is not None and not (
-            previous is None and assessment.verdict is Verdict.WORKING
-        )
-        if not changed and not stops:
-            return span
-        parts: list[tuple[str, dict[str, str | int | float]]] = []
-        if changed:
-            assert assessment is not None
-            parts.append((VERDICT_SPAN_NAME, self._changed(span, tid, assessment, previous)))
-        if stops:
-            parts.append((BUDGET_SPAN_NAME, self._budget_stopped(span, tid, run, stops)))
-        return self._publish(span, parts)
-
-    def _run_for(self, tid: int, now: float, *, watch: bool = True) -> _Run:
-        runs = self._runs
-        run = runs.get(tid)
-        if run is not None:
-            if now - run.last_seen <= self.idle_ttl_s:
-                run.last_seen = now
-                runs.move_to_end(tid)
-                return run
-            del runs[tid]  # idle past the TTL but not swept yet: start afresh
-            self.stats.evicted_idle += 1
-        else:
-            self._evict_idle(now)
-        run = runs[tid] = _Run(RunState.new(self.policy) if watch else None, now)
-        while len(runs) > self.max_traces:
-            runs.popitem(last=False)
-            self.stats.evicted_lru += 1
-        return run
-
-    # -- budgets (only with ``limits``) ----------------------------------------------------------
-
-    def _budget_of(self, run: _Run, span: ReadableSpan) -> _Budget:
-        budget = run.budget
-        if budget is None:
-            start = span.start_time
-            budget = run.budget = _Budget(start if start is not None else 0)
-        return budget
-
-    def _plan(self, limits: Limits, tool: str) -> tuple[Charge, ...]:
-        plan = self._plans.get(tool)
-        if plan is None:
-            if len(self._plans) >= _MAX_PLANS:
-                self._plans.clear()
-            plan = self._plans[tool] = plan_tool_calls(limits, (tool,))
-        return plan
-
-    def _charge_tool(
-        self, limits: Limits, run: _Run, span: ReadableSpan, tool: str
-    ) -> list[tuple[Stop, bool]] | None:
-        """Count one finished tool call; the stops it brings (``(stop, tool_only)``).
-
-        Called with the lock held. The question is the runtime's next ``check()``'s: would
-        one more call of this tool (per-tool cap), one more tool call (``max_tool_calls``), or
-        the next step (deadline) go over?
-        """
-        budget = self._budget_of(run, span)
-        elapsed = budget.see(span)
-        budget.tool_calls += 1
-        stops: list[tuple[Stop, bool]] | None = None
-        plan = self._plan(limits, tool)
-        if self._per_tool and plan[0].cap is not None:
-            by_tool = budget.by_tool
-            if by_tool is None:
-                by_tool = budget.by_tool = {}
-            used = by_tool.get(tool)
-            if used is None and len(by_tool) >= MAX_TOOLS_PER_TRACE:
-                self.stats.untracked_tools += 1
-                self._log_once(
-                    "untracked_tools",
-                    "a trace called more than %d capped tools; the others are not counted",
-                    MAX_TOOLS_PER_TRACE,
-                )
+                decisions = self._end(tid)
             else:
-                by_tool[tool] = used = (used or 0) + 1
-                stopped_tools = budget.tool_stops
-                if stopped_tools is None or tool not in stopped_tools:
-                    stop = check_charges(plan[:-1], {plan[0].counter: used})
-                    if stop is not None:
-                        if stopped_tools is None:
-                            stopped_tools = budget.tool_stops = set()
-                        stopped_tools.add(tool)
-                        stops = [(stop, True)]
-        if not budget.stopped:
-            stop = check_charges(plan[-1:], {"tool_calls": budget.tool_calls})
-            if stop is None and limits.max_duration_s is not None:
-                stop = check_duration(limits, elapsed, "step")
-            if stop is not None:
-                budget.stopped = True
-                stops = [*(stops or ()), (stop, False)]
-        return stops
+                self.mapping_stats.tool_spans += 1
+                decisions = self._engine.observe(ToolSpan(trace_id=tid, call=call, root=root))
+        elif role is _OTHER:
+            if not root:
+                return span
+            decisions = self._end(tid)
+        elif role is _RUN:
+            decisions = self._engine.observe(Boundary(trace_id=tid, root=root))
+        else:  # a model span
+            model = map_model_span(_view_of(span, attrs))
+            if model is None:
+                if not root:
+                    return span
+                decisions = self._end(tid)
+            else:
+                self.mapping_stats.model_spans += 1
+                self.observe_model_call(tid, model)
+                if self._budgets:
+                    self._check_usage(attrs, model)
+                decisions = self._engine.observe(ModelSpan(trace_id=tid, call=model, root=root))
+        if not decisions:
+            return span
+        return self._act(span, tid, decisions)
 
-    def _model(self, span: ReadableSpan, attrs: Mapping[str, Any], call: ModelCall) -> ReadableSpan:
-        """Count one model call's step, tokens and cost; raise the flag at a limit."""
-        limits = self._limits
-        assert limits is not None
+    def _end(self, tid: int) -> tuple[Decision, ...]:
+        engine = self._engine
+        if tid not in engine:  # most root spans belong to traces without agent spans
+            return ()
+        ended = engine.end(tid, cause="root")
+        return (ended,) if ended is not None else ()
+
+    def _check_usage(self, attrs: Mapping[str, Any], call: ModelCall) -> None:
+        """Count (and log once) usage or cost attributes the mapping had to ignore."""
         if call.input_tokens == 0 or call.output_tokens == 0:
             for key in (*_INPUT_KEYS, *_OUTPUT_KEYS):
                 value = attrs.get(key)
@@ -870,170 +534,87 @@ class TripwireSpanProcessor(SpanProcessor):
                         key,
                     )
                     break
-        cost = self._cost(attrs, call) if self._priced else None
-        tid = span.context.trace_id
-        now = self._clock()
-        stop: Stop | None = None
-        with self._lock:
-            run = self._run_for(tid, now, watch=False)
-            if call.call_id is not None and run.seen_call("\x00m" + call.call_id):
-                self.stats.duplicate_model_calls += 1
-                return span
-            budget = self._budget_of(run, span)
-            budget.see(span)
-            budget.steps += 1
-            budget.input_tokens += call.input_tokens
-            budget.output_tokens += call.output_tokens
-            if cost is not None:
-                budget.cost_nusd += round(cost * NANO)
-            elif self._priced:
-                budget.unpriced += 1
-            if not budget.stopped:
-                counters = budget.counters()
-                decision = check_before_step(limits, counters)
-                if isinstance(decision, Stop):
-                    stop = decision
-                    budget.stopped = True
-        if stop is None:
-            return span
-        annotations = self._budget_stopped(span, tid, run, [(stop, False)])
-        return self._publish(span, [(BUDGET_SPAN_NAME, annotations)])
-
-    def _cost(self, attrs: Mapping[str, Any], call: ModelCall) -> float | None:
-        """The call's cost in USD: reported (``call.cost_usd`` or a cost attribute), else
-        priced from the model and tokens; ``None`` when unknown (counted, logged once)."""
-        if call.cost_usd is not None:
-            return call.cost_usd
-        for key in COST_ATTRIBUTES:
-            value = attrs.get(key)
-            if value is None:
-                continue
-            if (
-                isinstance(value, (int, float))
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and value >= 0
-            ):
-                return float(value)
-            self.stats.usage_errors += 1
-            self._log_once("cost", "a model span has an unusable cost attribute %s; ignored", key)
-            break
-        model = call.model
-        prices = self._prices
-        price: float | None = None
-        if model is not None and prices is not None:
-            try:
-                price = prices(model, call.provider, call.input_tokens, call.output_tokens)
-            except Exception as exc:
-                # The agent-facing boundary (a price table is third-party code on the span's
-                # thread): a failing lookup leaves the call unpriced, counted, logged once.
-                self.stats.usage_errors += 1
-                self._log_once(
-                    "price_error", "pricing model %r failed (%r); its calls are not counted", model,
-                    exc,
-                )
-                price = None
-            else:
-                if price is not None and (
-                    isinstance(price, bool)
-                    or not isinstance(price, (int, float))
-                    or not math.isfinite(price)
-                    or price < 0
-                ):
+        if self._priced and call.cost_usd is None:
+            for key in COST_ATTRIBUTES:
+                if attrs.get(key) is not None:
                     self.stats.usage_errors += 1
-                    self._log_once("price_value", "the price of %r is unusable: %r", model, price)
-                    price = None
-        if price is None:
-            self.stats.unpriced_calls += 1
-            key = model or "<no model name>"
-            unpriced = self._unpriced_models
-            if key not in unpriced and len(unpriced) < 64:
-                unpriced.add(key)
-                logger.warning(
-                    "no price for model %r: its calls add nothing to the cost and max_cost_usd "
-                    "cannot stop on them (CostNotFoundWarning; report a cost attribute such as "
-                    "operation.cost, or check the model name against genai-prices)",
-                    key,
-                )
-        return price
+                    self._log_once(
+                        "cost", "a model span has an unusable cost attribute %s; ignored", key
+                    )
+                    break
+
+    # -- acting on decisions -------------------------------------------------------------------
+
+    def _act(
+        self, span: ReadableSpan, tid: int, decisions: tuple[Decision, ...]
+    ) -> ReadableSpan:
+        """Raise the flags, call the callbacks; the span, annotated when something changed."""
+        parts: list[tuple[str, dict[str, str | int | float]]] = []
+        budget: dict[str, str | int | float] | None = None
+        flags = self.flags
+        for decision in decisions:
+            kind = type(decision)
+            if kind is VerdictChanged:
+                d = cast(VerdictChanged, decision)
+                flagged = d.stuck
+                if flagged:
+                    flags.raise_flag(tid, d.assessment)
+                    self.stats.flags_raised += 1
+                if self._callbacks:
+                    change = VerdictChange(
+                        trace_id=f"{tid:032x}",
+                        span_id=f"{span.context.span_id:016x}",
+                        assessment=d.assessment,
+                        previous=d.previous,
+                        flagged=flagged,
+                    )
+                    self._call_back(self._callbacks, change, "on_verdict")
+                parts.append((VERDICT_SPAN_NAME, self._annotations(d.assessment)))
+            elif kind is StillStuck:
+                still = cast(StillStuck, decision)
+                current = flags.get(tid)
+                if current is None or not current.is_loop:  # lowered (nudged): raise it again
+                    flags.raise_flag(tid, still.assessment)
+                    self.stats.flags_raised += 1
+            elif kind is BudgetStopped:
+                b = cast(BudgetStopped, decision)
+                budget = self._budget_stopped(span, tid, b)
+        if budget is not None:
+            parts.append((BUDGET_SPAN_NAME, budget))
+        if not parts:
+            return span
+        return self._publish(span, parts)
 
     def _budget_stopped(
-        self, span: ReadableSpan, tid: int, run: _Run, stops: list[tuple[Stop, bool]]
+        self, span: ReadableSpan, tid: int, b: BudgetStopped
     ) -> dict[str, str | int | float]:
-        """Raise the flags of ``stops``, call ``on_budget``; return the span annotations."""
-        budget = run.budget
-        assert budget is not None
-        counters = budget.counters()
-        annotations: dict[str, str | int | float] = {}
-        for stop, tool_only in stops:
-            self.stats.budget_stops += 1
-            if tool_only:
-                assert stop.tool is not None
-                flag = self.flags.raise_tool_flag(tid, stop.tool, stop, counters=counters)
-            else:
-                flag = self.flags.raise_flag(tid, stop, counters=counters)
-            flagged = flag.stop is stop
-            # Stops come tool first, run last: the run's stop is the one annotated.
-            annotations = {
-                "tripwire.stop_reason": stop.reason.value,
-                "tripwire.limit_name": stop.limit_name,
-                "tripwire.limit": _number(stop.limit),
-                "tripwire.observed": _number(stop.observed),
-                "tripwire.mapping_version": MAPPING_VERSION,
-            }
-            if stop.tool is not None:
-                annotations["tripwire.tool"] = stop.tool
-            if self._budget_callbacks:
-                event = BudgetStop(
-                    trace_id=f"{tid:032x}",
-                    span_id=f"{span.context.span_id:016x}",
-                    stop=stop,
-                    counters=counters,
-                    tool_only=tool_only,
-                    flagged=flagged,
-                )
-                self._call_back(self._budget_callbacks, event, "on_budget")
-        return annotations
-
-    def _evict_idle(self, now: float) -> int:
-        # Runs are kept in order of last activity, so the expired ones are at the front.
-        runs = self._runs
-        limit = now - self.idle_ttl_s
-        dropped = 0
-        while runs:
-            tid, run = next(iter(runs.items()))
-            if run.last_seen >= limit:
-                break
-            del runs[tid]
-            dropped += 1
-        self.stats.evicted_idle += dropped
-        return dropped
-
-    # -- verdict changes -----------------------------------------------------------------------
-
-    def _changed(
-        self,
-        span: ReadableSpan,
-        tid: int,
-        assessment: Assessment,
-        previous: Assessment | None,
-    ) -> dict[str, str | int | float]:
-        """Raise the flag on ``stuck``, call ``on_verdict``; return the span annotations."""
-        self.stats.verdict_changes += 1
-        flagged = assessment.verdict is Verdict.STUCK
-        if flagged:
-            self.flags.raise_flag(tid, assessment)
-            self.stats.flags_raised += 1
-        if self._callbacks:
-            change = VerdictChange(
+        """Raise the flag of one budget stop, call ``on_budget``; the span annotations."""
+        stop = b.stop
+        if b.tool_only:
+            assert stop.tool is not None
+            flag = self.flags.raise_tool_flag(tid, stop.tool, stop, counters=b.counters)
+        else:
+            flag = self.flags.raise_flag(tid, stop, counters=b.counters)
+        annotations: dict[str, str | int | float] = {
+            "tripwire.stop_reason": stop.reason.value,
+            "tripwire.limit_name": stop.limit_name,
+            "tripwire.limit": _number(stop.limit),
+            "tripwire.observed": _number(stop.observed),
+            "tripwire.mapping_version": MAPPING_VERSION,
+        }
+        if stop.tool is not None:
+            annotations["tripwire.tool"] = stop.tool
+        if self._budget_callbacks:
+            event = BudgetStop(
                 trace_id=f"{tid:032x}",
                 span_id=f"{span.context.span_id:016x}",
-                assessment=assessment,
-                previous=previous.verdict if previous is not None else None,
-                flagged=flagged,
+                stop=stop,
+                counters=b.counters,
+                tool_only=b.tool_only,
+                flagged=flag.stop is stop,
             )
-            self._call_back(self._callbacks, change, "on_verdict")
-        return self._annotations(assessment)
+            self._call_back(self._budget_callbacks, event, "on_budget")
+        return annotations
 
     def _call_back(
         self, callbacks: tuple[Callable[[Any], object], ...], event: object, kind: str
@@ -1103,10 +684,37 @@ class TripwireSpanProcessor(SpanProcessor):
     def __repr__(self) -> str:
         return (
             f"<TripwireSpanProcessor inner={type(self._inner).__name__ if self._inner else None} "
-            f"traces={len(self._runs)}/{self.max_traces} ttl={self.idle_ttl_s:g}s "
+            f"traces={len(self._engine)}/{self.max_traces} ttl={self.idle_ttl_s:g}s "
             f"policy={self.policy.version}"
-            f"{' budgets' if self._limits is not None else ''}>"
+            f"{' budgets' if self._budgets else ''}>"
         )
+
+
+def _role_of(
+    attrs: Mapping[str, Any], name: Any, parent: trace_api.SpanContext | None
+) -> SpanRole:
+    """:func:`~tripwire.spans.classify`, after a key pre-filter that settles most spans.
+
+    A span with none of the keys ``classify`` reads, and no ``tool`` in its name (the one
+    substring both of its name rules need), is no agent span: most spans stop at these four key
+    tests. A GenAI ``execute_tool`` span is a tool span (``classify``'s first rule).
+    ``tests/otel/test_fast_paths.py`` pins the agreement with ``classify``.
+    """
+    if "gen_ai.operation.name" in attrs:
+        if attrs["gen_ai.operation.name"] == "execute_tool":
+            return _TOOL
+    elif not (
+        "openinference.span.kind" in attrs
+        or "traceloop.span.kind" in attrs
+        or "gen_ai.tool.name" in attrs
+        or (isinstance(name, str) and "tool" in name)
+    ):
+        return _OTHER
+    return classify(attrs, name, None if parent is None else _HAS_PARENT)
+
+
+def _tid(trace_id: int | str) -> int:
+    return trace_id if isinstance(trace_id, int) else int(trace_id, 16)
 
 
 def _attributes_of(span: ReadableSpan) -> Mapping[str, Any]:
@@ -1127,9 +735,9 @@ def _attributes_of(span: ReadableSpan) -> Mapping[str, Any]:
 
 
 class _SdkSpanView:
-    """A :class:`~tripwire.otel.conventions.SpanView` of an SDK span, built cheaply.
+    """A :class:`~tripwire.spans.SpanView` of an SDK span, built cheaply.
 
-    Why not :func:`~tripwire.otel.conventions.view_from_readable_span`: building the frozen
+    Why not :func:`~tripwire.spans.view_from_readable_span`: building the frozen
     12-field ``SpanView`` and formatting three hex ids cost ~3 µs per tool span, more than the
     whole budget tripwire has on the span's ``end()``. This view has the same attribute names
     and values (``tests/otel/test_processor.py`` compares every ``SpanView`` field), takes the

@@ -2,15 +2,16 @@
 
 Two steps, so that many policies can be replayed over one parse (``tripwire calibrate``):
 
-1. :func:`load_traces` reads OTLP files (or takes :class:`~tripwire.otel.conventions.SpanView`
+1. :func:`load_traces` reads OTLP files (or takes :class:`~tripwire.spans.SpanView`
    objects), maps every span with the shared mapping
-   (:func:`tripwire.otel.conventions.map_span`, the same one the span processor uses), groups
+   (:func:`tripwire.spans.map_span`, the same one the span processor uses), groups
    the tool calls by trace across files and ``resourceSpans``, drops duplicate reports of one
    span or one call, orders them by start time and computes each call's signature once.
    The result, a list of :class:`TraceCalls`, does not depend on the policy.
-2. :func:`replay_trace` feeds one trace's calls through
-   :func:`tripwire.core.watch.evaluate` under a policy and reports where the verdict first
-   became ``stuck`` and what it was at the end.
+2. :func:`replay_trace` feeds one trace's calls to the engine the span processor runs
+   (:class:`tripwire.engine.Engine`) under a policy and reports where the verdict first became
+   ``stuck`` and what it was at the end. Partial reports of one call (same call id) count
+   once; a report of a call id whose earlier report ended in error is the next attempt.
 
 :func:`replay_traces` does both. Everything here is deterministic: files are read in sorted
 order, ties in start time keep input order, and nothing reads a clock.
@@ -27,9 +28,9 @@ from tripwire.core.events import ToolCall
 from tripwire.core.policy import LoopPolicy
 from tripwire.core.reasons import Rule, Verdict
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, Signature
-from tripwire.core.watch import RunState, evaluate
-from tripwire.otel.conventions import MAPPING_VERSION, MappingStats, RunBoundary, SpanView, map_span
+from tripwire.engine import Engine, ToolSpan, VerdictChanged
 from tripwire.replay.reader import FileBatch, Problem, read_batches
+from tripwire.spans import MAPPING_VERSION, MappingStats, RunBoundary, SpanView, map_span
 
 __all__ = [
     "FirstTrip",
@@ -43,6 +44,10 @@ __all__ = [
 
 _VIEWS_SOURCE: Final = "<spans>"
 _NO_CALLS_REASON: Final = "the trace has no tool calls"
+
+
+def _NO_CLOCK() -> float:
+    return 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +205,8 @@ class _Collector:
             call_id = event.call_id
             if call_id is not None:
                 at = builder.by_call_id.get(call_id)
+                if at is not None and builder.calls[at][2].error_type is not None:
+                    at = None  # the earlier execution failed: this span is the next attempt
                 if at is not None:
                     # Partial/streamed reports of one call count once: keep the earliest start,
                     # and the report that ended last (it is the most complete).
@@ -266,7 +273,7 @@ def load_traces(
 
     Args:
         source: a path, or an iterable of paths (files, directories walked recursively, ``-``
-            for standard input) and/or :class:`~tripwire.otel.conventions.SpanView` objects.
+            for standard input) and/or :class:`~tripwire.spans.SpanView` objects.
         normalizer: signs the calls and digests their results; every later replay of these
             traces uses it.
         on_file: called with ``(path, size)`` before each file is read (progress).
@@ -315,21 +322,25 @@ def replay_trace(trace: TraceCalls, policy: LoopPolicy) -> TraceResult:
             normalizer_version=normalizer.version,
             sources=trace.sources,
         )
-    state = RunState.new(policy)
+    # The engine the span processor and the OTLP receiver run, fed the trace's calls in order
+    # with their signatures (computed once by load_traces); no clock: nothing is ever idle.
+    engine = Engine(policy, normalizer=normalizer, clock=_NO_CLOCK)
+    tid = trace.trace_id
     first: FirstTrip | None = None
-    stuck = Verdict.STUCK
     for call, sig in zip(calls, trace.signatures, strict=True):
-        changed = evaluate(state, call, policy, normalizer, signature=sig)
-        if first is None and changed is not None and changed.verdict is stuck and changed.rule is not None:
-            first = FirstTrip(
-                call_index=changed.call_index,
-                tool=changed.tool or call.tool,
-                rule=changed.rule,
-                period=changed.period,
-                hits=changed.hits,
-                digest=changed.digest,
-            )
-    current = state.current
+        for decision in engine.observe(ToolSpan(trace_id=tid, call=call, signature=sig)):
+            if first is None and type(decision) is VerdictChanged and decision.stuck:
+                changed = decision.assessment
+                if changed.rule is not None:
+                    first = FirstTrip(
+                        call_index=changed.call_index,
+                        tool=changed.tool or call.tool,
+                        rule=changed.rule,
+                        period=changed.period,
+                        hits=changed.hits,
+                        digest=changed.digest,
+                    )
+    current = engine.verdict(tid)
     return TraceResult(
         trace_id=trace.trace_id,
         agent=trace.agent,
@@ -357,7 +368,7 @@ def replay_traces(
 
     Args:
         source: a path, or an iterable of paths (files, directories, ``-``) and/or
-            :class:`~tripwire.otel.conventions.SpanView` objects.
+            :class:`~tripwire.spans.SpanView` objects.
         policy: the loop policy (default: ``LoopPolicy()``).
         normalizer: the signature normalizer (default: the default normalizer).
         skip_empty: leave out traces without any tool call (by default they are reported

@@ -1,4 +1,4 @@
-"""OTLP trace files → :class:`~tripwire.otel.conventions.SpanView` objects.
+"""OTLP trace files → :class:`~tripwire.spans.SpanView` objects.
 
 Reads what OpenTelemetry exporters and the Collector write:
 
@@ -37,7 +37,7 @@ from typing import Any, Final
 import msgspec
 
 from tripwire.errors import InputError
-from tripwire.otel.conventions import SpanView
+from tripwire.spans import SpanView
 
 __all__ = [
     "STDIN",

@@ -3,7 +3,7 @@
 :class:`Fleet` is what the OTLP receiver runs on every request. It holds a short reorder
 buffer (spans of one trace arrive in several requests and out of order: each span waits up to
 ``reorder_s`` after it arrived and is then judged in start-time order with the others of its
-trace), maps every span once (:func:`tripwire.otel.conventions.map_span`, the mapping the span
+trace), maps every span once (:func:`tripwire.spans.map_span`, the mapping the span
 processor and replay use), feeds each trace's tool calls to the loop watcher and counts its
 budget, and says what must happen:
 
@@ -43,14 +43,14 @@ from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
 from tripwire.core.reasons import ArgsKind, StopReason, Verdict, stop_reason_for
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, Signature
 from tripwire.core.watch import Assessment, RunState, evaluate
-from tripwire.otel.conventions import (
+from tripwire.prices import Pricer
+from tripwire.spans import (
     MAPPING_VERSION,
     MappingStats,
     RunBoundary,
     SpanView,
     map_span,
 )
-from tripwire.prices import Pricer
 from tripwire.store.runs import MAX_CALLS_PER_RUN, MAX_RAW_CHARS, Batch, CallRow, RunRow, VerdictRow
 
 __all__ = ["Fleet", "Kill", "Outcome", "Transition"]

@@ -22,7 +22,7 @@ from typing import Any, Final
 import msgspec
 
 from tripwire.errors import InputError
-from tripwire.otel.conventions import SpanView
+from tripwire.spans import SpanView
 
 __all__ = [
     "WANTED_PREFIXES",
