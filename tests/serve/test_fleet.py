@@ -41,7 +41,10 @@ def test_a_loop_is_stuck_at_the_fourth_call_and_raises_one_kill() -> None:
         kills += out.kills
         transitions += out.transitions
     assert [(t.verdict, t.rule) for t in transitions] == [("stuck", "repetition")]
-    assert len(kills) == 1 and kills[0].assessment is not None and kills[0].assessment.call_index == 4
+    first = [k for k in kills if not k.again]
+    assert len(first) == 1 and first[0].assessment is not None and first[0].assessment.call_index == 4
+    # Each further repeat re-asserts the stop (a lowered flag goes up again): calls 5 to 8.
+    assert len(kills) == 5 and all(k.again for k in kills[1:])
     out = fleet.process([_root()], now=20.0)
     (row,) = out.ended_runs
     assert (row.status, row.verdict, row.first_stuck_call, row.calls_after_stuck) == ("ended", "stuck", 4, 4)

@@ -237,9 +237,10 @@ class Service:
                 # Degrade: the run rows still say stuck; agents polling see nothing. Logged once.
                 self._log_once("kill:" + type(exc).__name__, "raising kill flags failed: %r", exc)
             else:
-                for k in out.kills:
+                first = [k for k in out.kills if not k.again]
+                for k in first:
                     m.kills.labels(reason=k.reason.value).inc()
-                self.store.mark_killed([k.trace_id for k in out.kills])
+                self.store.mark_killed([k.trace_id for k in first])
         if out.routine:
             if self._writer_started:
                 self._routine.put(out.routine)

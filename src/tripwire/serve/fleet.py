@@ -32,17 +32,22 @@ import msgspec
 
 from tripwire.core.budget import (
     Limits,
-    RunCounters,
     Stop,
-    check_before_step,
-    check_charges,
-    plan_tool_calls,
 )
 from tripwire.core.events import ModelCall, ToolCall
 from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
 from tripwire.core.reasons import ArgsKind, StopReason, Verdict, stop_reason_for
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, Signature
-from tripwire.core.watch import Assessment, RunState, evaluate
+from tripwire.core.watch import Assessment
+from tripwire.engine import (
+    Boundary,
+    BudgetStopped,
+    Engine,
+    ModelSpan,
+    StillStuck,
+    ToolSpan,
+    VerdictChanged,
+)
 from tripwire.prices import Pricer
 from tripwire.spans import (
     MAPPING_VERSION,
@@ -56,8 +61,6 @@ from tripwire.store.runs import MAX_CALLS_PER_RUN, MAX_RAW_CHARS, Batch, CallRow
 __all__ = ["Fleet", "Kill", "Outcome", "Transition"]
 
 _NO_LIMITS: Final = Limits()
-MAX_CALL_IDS: Final = 4096
-"""Call ids remembered per trace to count a call reported twice only once."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +75,9 @@ class Kill:
     """The ``stuck`` verdict that raised it, for a loop stop."""
     stop: Stop | None = None
     """The budget decision that raised it, for a budget stop."""
+    again: bool = False
+    """The run was already stuck and repeated itself: raise the flag again (if it was
+    lowered), but no new transition, page or ``killed`` mark."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,7 +158,6 @@ class _Trace:
         "agent",
         "assessment",
         "budget_stop",
-        "call_ids",
         "cost_at_stuck",
         "cost_nusd",
         "created_at",
@@ -165,7 +170,6 @@ class _Trace:
         "root_ended",
         "service",
         "start_s",
-        "state",
         "steps",
         "timeline",
         "tool_calls",
@@ -178,9 +182,6 @@ class _Trace:
         self.service: str | None = None
         self.created_at = now
         self.last_seen = now
-        self.state: RunState | None = None
-        self.call_ids: dict[str, bool] = {}
-        """call id → whether that execution failed (a later span with the id is a retry)."""
         self.tool_calls = 0
         self.steps = 0
         self.input_tokens = 0
@@ -234,13 +235,21 @@ class Fleet:
         self.store_raw = store_raw
         self.pricer = pricer if pricer is not None else Pricer(warn=False)
         self.stats = MappingStats()
+        self._now = 0.0
+        self.engine = Engine(
+            policy,
+            limits=limits if limits.has_limits() else None,
+            normalizer=normalizer,
+            clock=lambda: self._now,
+            max_traces=max_traces,
+            idle_ttl_s=idle_ttl_s,
+            price=self.pricer.cost,
+        )
+        """The engine every entry point shares: loops, budgets, call-id dedupe and attempts."""
         self._traces: OrderedDict[str, _Trace] = OrderedDict()
         self._buffer: list[tuple[float, float, int, SpanView]] = []
         """(release time, start time, arrival order, span): a heap."""
         self._order = itertools.count()
-        self._tool_limits = limits.max_tool_calls is not None or bool(limits.tool_caps) or (
-            limits.default_tool_cap is not None
-        )
 
     def __len__(self) -> int:
         return len(self._traces)
@@ -364,6 +373,9 @@ class Fleet:
         elif rec.outer is not None:
             if rec.agent and (trace.agent is None or rec.outer):
                 trace.agent = rec.agent
+            if not rec.outer and not rec.root:
+                self._now = now
+                self.engine.observe(Boundary(trace_id=tid, root=False, agent=rec.agent))
             trace.dirty = True
         if rec.root:
             self._end(tid, now, out, idle=False, root=rec)
@@ -387,32 +399,37 @@ class Fleet:
     def _tool(self, trace: _Trace, tid: str, rec: Rec, now: float, out: Outcome) -> None:
         call = rec.tool
         assert call is not None and rec.key is not None and rec.args_kind is not None
-        call_id = call.call_id
-        if call_id is not None:
-            seen = trace.call_ids.get(call_id)
-            if seen is False:
-                return  # a second report of one execution
-            if seen is True and call.attempt is None:
-                # An earlier execution with this id ended in error: this is a new attempt.
-                call = _with_attempt(call, trace)
-            if len(trace.call_ids) >= MAX_CALL_IDS:
-                trace.call_ids.pop(next(iter(trace.call_ids)))
-            trace.call_ids[call_id] = call.failed
-        state = trace.state
-        if state is None:
-            state = trace.state = RunState.new(self.policy)
         sig = Signature(call.tool, int(rec.key, 16), ArgsKind(rec.args_kind))
-        previous = trace.assessment
-        assessment = evaluate(state, call, self.policy, self.normalizer, signature=sig)
+        engine = self.engine
+        stats = engine.stats
+        counted = stats.tool_calls
+        previous = engine.verdict(tid)
+        self._now = now
+        decisions = engine.observe(ToolSpan(trace_id=tid, call=call, signature=sig))
+        if stats.tool_calls == counted:
+            return  # a second report of one execution (the engine counts each call once)
         trace.tool_calls += 1
         out.judged_calls += 1
-        if assessment is not None:
-            trace.assessment = assessment
-            changed = not (previous is None and assessment.verdict is Verdict.WORKING)
-            if changed:
-                self._transition(trace, tid, assessment, previous, now, out)
+        assessment = engine.verdict(tid)
+        trace.assessment = assessment
+        for decision in decisions:
+            if isinstance(decision, VerdictChanged):
+                self._transition(trace, tid, decision.assessment, previous, now, out)
+            elif isinstance(decision, StillStuck):
+                # It repeated after it was judged stuck: its flag goes up again if someone
+                # lowered it (nudge, then kill), without a new transition or page.
+                out.kills.append(
+                    Kill(
+                        trace_id=tid,
+                        reason=stop_reason_for(decision.assessment.rule),
+                        message=decision.assessment.reason,
+                        assessment=decision.assessment,
+                        again=True,
+                    )
+                )
+            elif isinstance(decision, BudgetStopped) and not decision.tool_only:
+                self._budget(trace, tid, decision.stop, now, out)
         if len(trace.timeline) < MAX_CALLS_PER_RUN:
-            raw = rec.raw
             trace.timeline.append(
                 CallRow(
                     trace_id=tid,
@@ -426,18 +443,15 @@ class Fleet:
                     lease_owner=call.lease.owner[:200] if call.lease is not None else None,
                     start_s=call.start_s,
                     end_s=call.end_s,
-                    verdict=(trace.assessment.verdict.value if trace.assessment else None),
-                    raw=raw,
+                    verdict=(assessment.verdict.value if assessment is not None else None),
+                    raw=rec.raw,
                 )
             )
         trace.dirty = True
-        if self._tool_limits and trace.budget_stop is None:
-            plan = plan_tool_calls(self.limits, (call.tool,))
-            stop = check_charges(plan[-1:], {"tool_calls": trace.tool_calls})
-            if stop is not None:
-                self._budget(trace, tid, stop, now, out)
 
     def _model(self, trace: _Trace, tid: str, call: ModelCall, now: float, out: Outcome) -> None:
+        # The run record's counters (what the dashboard and the report show), priced always;
+        # budget decisions are the engine's meter's.
         trace.steps += 1
         trace.input_tokens += call.input_tokens
         trace.output_tokens += call.output_tokens
@@ -452,10 +466,11 @@ class Fleet:
         else:
             trace.cost_nusd += round(cost * 1e9)
         trace.dirty = True
-        if trace.budget_stop is None and self.limits is not _NO_LIMITS:
-            decision = check_before_step(self.limits, self._counters(trace))
-            if isinstance(decision, Stop):
-                self._budget(trace, tid, decision, now, out)
+        self._now = now
+        priced = msgspec.structs.replace(call, cost_usd=cost) if cost is not None else call
+        for decision in self.engine.observe(ModelSpan(trace_id=tid, call=priced)):
+            if isinstance(decision, BudgetStopped) and not decision.tool_only:
+                self._budget(trace, tid, decision.stop, now, out)
 
     # -- decisions ---------------------------------------------------------------------------
 
@@ -547,6 +562,7 @@ class Fleet:
         self, tid: str, now: float, out: Outcome, *, idle: bool, root: Rec | None = None
     ) -> None:
         trace = self._traces.pop(tid, None)
+        self.engine.end(tid)
         if trace is None:
             return
         if root is not None:
@@ -587,16 +603,6 @@ class Fleet:
                 if trace.timeline:
                     out.routine.calls.extend(trace.timeline)
                     trace.timeline = []
-
-    def _counters(self, trace: _Trace) -> RunCounters:
-        return RunCounters(
-            steps=trace.steps,
-            tool_calls=trace.tool_calls,
-            input_tokens=trace.input_tokens,
-            output_tokens=trace.output_tokens,
-            cost_usd=trace.cost_nusd / 1e9,
-            unpriced_calls=trace.unpriced,
-        )
 
     def _row(self, tid: str, trace: _Trace, now: float) -> RunRow:
         a = trace.assessment
@@ -644,10 +650,6 @@ def _widen(trace: _Trace, view: Rec) -> None:
         trace.start_s = view.start
     if view.end is not None and (trace.end_s is None or view.end > trace.end_s):
         trace.end_s = view.end
-
-
-def _with_attempt(call: ToolCall, trace: _Trace) -> ToolCall:
-    return msgspec.structs.replace(call, attempt=2)
 
 
 def _raw(arguments: object) -> str | None:
