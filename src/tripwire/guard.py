@@ -15,7 +15,7 @@ A thin, thread-safe shell over :mod:`tripwire.core.budget` (limits, levels, chec
             guard.finish(); break
         batch = [(c.name, c.args) for c in reply.tool_calls]
         verdict = guard.before_tools(batch)       # the whole batch, before any of it runs
-        if not verdict.allowed:                   # restricted: tell the model to answer
+        if not verdict.allowed:                   # restricted or nudged: tell the model
             ...; continue
         for name, args in batch:
             result = guard.timeout(run_tool, None, name, args)
@@ -24,8 +24,15 @@ A thin, thread-safe shell over :mod:`tripwire.core.budget` (limits, levels, chec
 The guard raises only :class:`~tripwire.errors.RunStopped` subclasses, on purpose:
 :class:`~tripwire.errors.BudgetExceeded` (one :class:`StopReason`, the limit that fired, the
 counters, the partial answer) and :class:`~tripwire.errors.LoopDetected`. Once it has raised,
-the run is stopped: every later check raises the same exception again. Everything else it
-returns as an :class:`~tripwire.core.budget.Advisory`.
+the run is stopped: every later check raises the same exception again, and is counted
+(:attr:`Guard.after_stop`), so a receipt never claims a stop the framework swallowed.
+Everything else it returns as an :class:`~tripwire.core.budget.Advisory`.
+
+Loops are refused, not reported: ``before_tool(s)`` asks the watcher
+(:func:`tripwire.core.watch.preview`) whether the call would make the run ``stuck`` and raises
+:class:`~tripwire.errors.LoopDetected` before the tool body runs. With ``on_loop="nudge"`` the
+first such call is refused softly instead (an advisory naming what was repeated); the next
+call at which a loop rule trips stops the run.
 
 Thread-safety: one lock per guard; the ledger has its own. Asyncio: nothing awaits under the
 lock and the in-process path never blocks, so the sync methods may be called from coroutines;
@@ -42,9 +49,10 @@ import time
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, NoReturn, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Final, Literal, NoReturn, TypeVar
 
+from tripwire.core import receipt as rc
 from tripwire.core.budget import (
     NANO,
     NO_LIMITS,
@@ -69,31 +77,157 @@ from tripwire.core.budget import (
 from tripwire.core.events import ToolCall
 from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy, ResultEvidence
 from tripwire.core.reasons import Rule, StopReason, Verdict, stop_reason_for
+from tripwire.core.receipt import AfterStop, StopReceipt
 from tripwire.core.results import ToolResult
 from tripwire.core.signature import ABSENT, DEFAULT_NORMALIZER, Normalizer, Signature
-from tripwire.core.watch import Assessment, RunState, evaluate
+from tripwire.core.watch import Assessment, RunState, evaluate, preview
 from tripwire.errors import ConfigError, RunStopped
-from tripwire.prices import CostNotFoundWarning, PriceFn, genai_price
+from tripwire.prices import PriceFn, Pricer, genai_price, usable_cost
 from tripwire.store.base import Ledger, StoreUnavailable
 from tripwire.store.memory import MemoryLedger
 
 __all__ = ["Guard", "GuardSnapshot"]
+
+OnLoop = Literal["stop", "nudge"]
+"""What the guard does the first time a call would make the run ``stuck``: ``"stop"`` raises
+:class:`~tripwire.errors.LoopDetected`; ``"nudge"`` refuses that call softly with a message for
+the model, and stops the run at the next call at which a loop rule trips."""
+
+_RETRY_ONLY: Final = LoopPolicy(
+    name="retry-only",
+    window=DEFAULT_POLICY.window,
+    threshold=DEFAULT_POLICY.window,
+    max_period=None,
+    same_error=None,
+    same_result=None,
+    revisit=None,
+    revisit_share=None,
+    failure_share=None,
+    result_evidence=ResultEvidence.OFF,
+)
+"""The watcher's policy when loop detection is off (``loop_policy=None``): the guard still
+refuses an identical retry of a call that failed non-retryably (the watcher decides it, in one
+place), and ignores every other rule."""
+
+_SOFT_STOPS: Final = frozenset(
+    {
+        StopReason.MAX_TOOL_CALLS,
+        StopReason.MAX_TOOL_CALLS_FOR_TOOL,
+        StopReason.MAX_DUPLICATE_CALLS,
+        StopReason.MAX_SUBAGENTS,
+    }
+)
+"""Stops that refuse tool calls (or sub-agents) only: the model still gets one tool-less step
+to give its final answer."""
+
+_LIMIT_REASONS: Final = {
+    "max_steps": StopReason.MAX_STEPS,
+    "max_cost_usd": StopReason.MAX_COST,
+    "max_input_tokens": StopReason.MAX_INPUT_TOKENS,
+    "max_output_tokens": StopReason.MAX_OUTPUT_TOKENS,
+    "max_total_tokens": StopReason.MAX_TOTAL_TOKENS,
+    "max_duration_s": StopReason.MAX_DURATION,
+    "max_no_progress_steps": StopReason.NO_PROGRESS,
+}
+"""The stop reason of each limit that can restrict the last step."""
+
+_MAX_COUNT: Final = 1 << 62
+"""Token counts at or above this are refused (``ConfigError``): ledgers count in 64 bits."""
+_MAX_COST_USD: Final = 1e9
+"""Reported costs at or above this (USD) are refused (``ConfigError``)."""
+_MAX_TIMEOUT_S: Final = 86_400.0 * 365
+"""Timeouts longer than a year are treated as no timeout (threading cannot wait longer)."""
+
+_NUDGE_HINT: Final = "Try a different approach, or stop and report what you found."
+
+
+def nudge_message(assessment: Assessment) -> str:
+    """The message a nudge shows the model: what it repeated, in words, and what to do.
+
+    Names the tool and the counts, never the arguments.
+    """
+    tool, hits = assessment.tool or "a tool", assessment.hits
+    rule = assessment.rule
+    if rule is Rule.RETRY_OF_NON_RETRYABLE:
+        what = (
+            f"You called {tool} again with the same arguments after it failed with an error "
+            "that retrying cannot fix."
+        )
+    elif rule is Rule.PERIOD:
+        what = (
+            f"You repeated the same cycle of {assessment.period} tool calls, ending with {tool}, "
+            f"{hits} times, and it returned the same results."
+        )
+    elif rule is Rule.SAME_ERROR:
+        what = f"Your last {hits} tool calls, ending with {tool}, failed with the same error."
+    elif rule is Rule.FAILURES:
+        what = f"{hits} of your last {assessment.window} tool calls failed."
+    elif rule is Rule.SAME_RESULT:
+        what = f"You called {tool} {hits} times in a row and it returned the same result each time."
+    elif rule is Rule.REVISIT:
+        what = (
+            f"Your last {hits} tool calls, ending with {tool}, repeated earlier calls and got "
+            "the same results."
+        )
+    else:
+        what = (
+            f"You called {tool} with the same arguments {hits} times and it returned the same "
+            "result."
+        )
+    return f"{what} {_NUDGE_HINT}"
 
 logger = logging.getLogger("tripwire.guard")
 
 _T = TypeVar("_T")
 _PENDING_MAX: Final = 1024
 
-_WARNED_MODELS: set[str] = set()
-_WARNED_LOCK = threading.Lock()
+def _shown(value: Any) -> Any:
+    """``value`` for an error message: an integer too long to print is described instead."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"<an integer of {value.bit_length()} bits>"
+    return value
 
 
-def _warn_once(model: str, message: str) -> None:
-    with _WARNED_LOCK:
-        if model in _WARNED_MODELS:
-            return
-        _WARNED_MODELS.add(model)
-    warnings.warn(CostNotFoundWarning(message), stacklevel=4)
+_UNFINISHED_WARNED = threading.Event()
+
+
+def _warn_unfinished() -> None:
+    """Warn once per process that a receipt was built for a run with no recorded end."""
+    if _UNFINISHED_WARNED.is_set():
+        return
+    _UNFINISHED_WARNED.set()
+    warnings.warn(
+        "guard.receipt() was called for a run that was neither stopped nor finished, so the "
+        "receipt has no stop reason and explains as 'uncertain': call guard.finish() when the "
+        "model answers (or pass receipt(..., reason=...))",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def _nudge_advisory(assessment: Assessment) -> Advisory:
+    """The soft refusal a nudge hands the model instead of running the call."""
+    return Advisory(
+        level=Level.RESTRICT,
+        message=nudge_message(assessment),
+        limit_name="loop",
+        remaining=None,
+        allowed=False,
+    )
+
+
+def _wrap_up(stop: Stop, limits: Limits) -> Advisory:
+    """The advisory of the tool-less last step after a tool-call cap stopped the run."""
+    limit = int(stop.limit) if float(stop.limit).is_integer() else stop.limit
+    left = f"No tool calls left ({stop.limit_name}={limit} reached)"
+    return Advisory(
+        level=Level.RESTRICT,
+        message=limits.messages.restrict.format(
+            left=left, limit_name=stop.limit_name, limit=limit, used=limit, remaining=0
+        ),
+        limit_name=stop.limit_name,
+        remaining=0,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,6 +248,12 @@ class GuardSnapshot:
     policy_version: str | None
     normalizer_version: str
     limits: Limits
+    nudge: Assessment | None = None
+    """The loop assessment a nudge was given for (``on_loop="nudge"``), else ``None``."""
+    after_stop_model_calls: int = 0
+    """Model calls attempted after the guard stopped the run (the framework went on)."""
+    after_stop_tool_calls: int = 0
+    """Tool calls attempted after the guard stopped the run (the framework went on)."""
 
     @property
     def condition(self) -> dict[str, str | int | float | bool | None]:
@@ -123,7 +263,7 @@ class GuardSnapshot:
             return self.stop.condition
         if self.loop is not None:
             a = self.loop
-            return {
+            out: dict[str, str | int | float | bool | None] = {
                 "rule": a.rule.value if a.rule else None,
                 "tool": a.tool,
                 "hits": a.hits,
@@ -131,6 +271,11 @@ class GuardSnapshot:
                 "period": a.period,
                 "call_index": a.call_index,
             }
+            if self.nudge is not None:
+                out["nudged_at_call"] = self.nudge.call_index
+            return out
+        if self.nudge is not None:
+            return {"nudged_at_call": self.nudge.call_index}
         return {}
 
 
@@ -162,6 +307,10 @@ class Guard:
         prices: ``(model, provider, input_tokens, output_tokens) -> USD | None``; default the
             ``genai-prices`` table; ``None`` prices nothing (report ``cost_usd`` yourself).
         run_id: the run's id (default a random one); the ledger key of its counters.
+        on_loop: ``"stop"`` (default) raises :class:`~tripwire.errors.LoopDetected` before a
+            call that would make the run ``stuck`` runs; ``"nudge"`` refuses the first such
+            call softly (``Advisory(allowed=False, limit_name="loop")`` naming what was
+            repeated) and stops the run at the next call at which a loop rule trips.
     """
 
     _children: int
@@ -179,20 +328,26 @@ class Guard:
         ledger: Ledger | None = None,
         prices: PriceFn | None = genai_price,
         run_id: str | None = None,
+        on_loop: OnLoop = "stop",
         _parent: Guard | None = None,
     ) -> None:
         if not isinstance(limits, Limits):
             raise ConfigError("limits", limits, "a tripwire Limits")
         if loop_policy is not None and not isinstance(loop_policy, LoopPolicy):
             raise ConfigError("loop_policy", loop_policy, "a LoopPolicy or None")
+        if on_loop not in ("stop", "nudge"):
+            raise ConfigError("on_loop", on_loop, "'stop' or 'nudge'")
         self.limits = limits
         self.loop_policy = loop_policy
+        self.on_loop: OnLoop = on_loop
         self.normalizer = normalizer
         self.run_id = run_id or uuid.uuid4().hex
         self.partial_answer = None
         self._clock = clock
         self._prices = prices
         self._lock = threading.RLock()
+        self._started_at = time.time()
+        """Wall-clock start (Unix seconds), for receipts; durations use ``clock``."""
         start = clock()
         deadline = restrict_at = None
         if limits.max_duration_s is not None:
@@ -224,16 +379,34 @@ class Guard:
         """Whether results of every tool are digested for the loop watcher (else only the
         polling tools', when results count as evidence for them)."""
         self._dup_cap = limits.max_duplicate_calls
-        self._state = RunState.new(loop_policy) if loop_policy is not None else None
+        self._watch_policy = loop_policy if loop_policy is not None else _RETRY_ONLY
+        """The watcher's policy; with loop detection off, only retry-of-non-retryable counts."""
+        self._state = RunState.new(self._watch_policy)
+        self._loops = loop_policy is not None
         self._steps = 0
         self._children = 0
         self._dups: dict[int, int] = {}
-        self._non_retryable: dict[int, tuple[str, int]] = {}
         self._pending: dict[tuple[str, int], tuple[Any, Signature]] = {}
+        self._inflight = 0
+        """Tool calls allowed whose ``after_tool`` has not come yet (a batch still running)."""
+        self._nudge: Assessment | None = None
+        self._nudge_due: Advisory | None = None
+        """A nudge decided in ``after_tool``, handed out by the next ``before_tool(s)``."""
+        self._last_step: tuple[Advisory, Limits] | None = None
+        """Set while the step ``before_step`` restricted runs: the run's last step."""
+        self._final: Stop | None = None
+        """The limit the run ends on after its last step (the stop reason; raised next step)."""
+        self._after_model = 0
+        self._after_tools = 0
+        self._step_after_stop = False
+        """A ``before_step`` after the stop was counted; its usage report is the same call."""
+        self._refused_after_stop = 0
+        """Tool calls refused after the stop whose ``after_tool`` may still come."""
         self._plans: dict[str, _Plan] = {}
         self._last_progress: str | None = None
         self._no_progress = 0
         self._unpriced = 0
+        self._pricer = Pricer(prices)
         self._restricted: Advisory | None = None
         self._cause: Stop | Assessment | None = None
         self._finished: StopReason | None = None
@@ -247,19 +420,37 @@ class Guard:
     def before_step(self) -> Advisory:
         """Call before each model call. Counts the step, or refuses it.
 
+        A ``restrict`` advisory makes this step the run's last: call the model without tools
+        and keep its answer. Its :meth:`record_usage` never raises (the step may cross the
+        limit), the run's stop reason becomes the limit concerned, and the next
+        ``before_step`` raises. A tool-call cap (``max_tool_calls``, per-tool caps,
+        duplicates, sub-agents) never refuses a step: once one stopped the run, the next step
+        is that tool-less last step.
+
         Returns:
             The most severe advisory: ``advise`` (show the message), ``restrict`` (this is the
-            last step, or a budget is nearly spent: call the model without tools; tool calls
-            are refused until the next step), or ``ok``.
+            last step: call the model without tools; tool calls are refused), or ``ok``.
 
         Raises:
             BudgetExceeded: the step would exceed ``max_steps``; or the deadline passed; or
                 ``max_no_progress_steps`` consecutive steps made no progress; or tokens/cost
-                already reached a limit (e.g. spent by a sub-agent).
+                already reached a limit (e.g. spent by a sub-agent); or the previous step was
+                the last.
+            RunStopped: the run was already stopped (counted in :attr:`after_stop`).
         """
         now = self._clock()
         with self._lock:
-            self._raise_if_stopped()
+            last, self._last_step = self._last_step, None
+            cause = self._cause
+            if cause is not None:
+                if last is None and isinstance(cause, Stop) and cause.reason in _SOFT_STOPS:
+                    self._last_step = wrap = (_wrap_up(cause, self.limits), self.limits)
+                    self._steps += 1
+                    self._restricted = None
+                    return wrap[0]
+                self._after_model += 1
+                self._step_after_stop = True
+                self._raise_if_stopped()
             shared = self._read_usage()
             worst, worst_limits = OK, self.limits
             stop: Stop | None = None
@@ -278,12 +469,17 @@ class Guard:
                     break
                 if worst.worse(result) is not worst:
                     worst, worst_limits = result, scope.limits
+            if last is not None:
+                # The previous step was the last: the run ends on the limit it was told about.
+                self._stop_with(self._final or stop or self._last_stop(*last), now)
             if stop is not None:
                 self._stop_with(stop, now)
             self._steps += 1
-            self._restricted = (
-                refused(worst_limits, worst) if worst.level is Level.RESTRICT else None
-            )
+            if worst.level is Level.RESTRICT:
+                self._last_step = (worst, worst_limits)
+                self._restricted = refused(worst_limits, worst)
+            else:
+                self._restricted = None
             return worst
 
     def progress(self, fingerprint: str) -> None:
@@ -303,16 +499,20 @@ class Guard:
         now = self._clock() if self._timed else 0.0
         with self._lock:
             if self._cause is not None:
-                self._raise_if_stopped()
+                self._refuse_after_stop(1)
             if self._timed:
                 self._check_time(now)
             if self._restricted is not None:
                 return self._restricted
+            if self._nudge_due is not None:
+                return self._hand_out_nudge()
             sig: Signature | None = None
-            if self._dup_cap is not None or self._non_retryable:
+            if self._loops or self._dup_cap is not None or self._state.failures:
                 sig = self.normalizer.signature(tool, arguments)
-                if self._non_retryable:
-                    self._check_retry((sig,), now)
+                if self._loops or self._state.failures:
+                    nudge = self._preview((sig,), now)
+                    if nudge is not None:
+                        return nudge
                 if self._dup_cap is not None and self._dups.get(sig.key, 0) >= self._dup_cap:
                     stop = check_duplicates(self.limits, self._dups, ((tool, sig.key),))
                     assert stop is not None
@@ -329,6 +529,7 @@ class Guard:
                 self._unavailable_for(meta, now)
             if index >= 0:
                 self._stop_with(charge_stop(meta[index][1], totals[index]), now)
+            self._inflight += 1
             if tool not in self._tools_seen:
                 self._tools_seen.add(tool)
             if sig is not None:
@@ -354,37 +555,74 @@ class Guard:
         take any cap over its limit is refused before any of it runs.
 
         Returns:
-            An advisory. ``allowed=False`` means the run is restricted (nearly out of steps,
-            tokens, cost or time): do not run the calls, give the model ``message`` instead.
-            Otherwise the calls are counted, and the advisory may say how many are left.
+            An advisory. ``allowed=False`` means the calls must not run; give the model
+            ``message`` instead. Either the run is restricted (nearly out of steps, tokens,
+            cost or time: ``limit_name`` is that limit), or, with ``on_loop="nudge"``, a call
+            would have made the run ``stuck`` (``limit_name="loop"``; the message names what
+            was repeated; the refusal is not sticky). Otherwise the calls are counted, and the
+            advisory may say how many are left.
 
         Raises:
             BudgetExceeded: a cap (per tool, duplicates, total) would be exceeded, or the
                 deadline passed.
-            LoopDetected: a call repeats, with identical arguments, a call that failed with
-                ``retryable=False`` (reason ``retry_of_non_retryable``).
+            LoopDetected: a call would make the run ``stuck`` (the 4th identical call with the
+                same result, a cycle, ...), or repeats with identical arguments a call that
+                failed with ``retryable=False`` (reason ``retry_of_non_retryable``); raised
+                before the call runs. With ``on_loop="nudge"``, from the second time on.
+            RunStopped: the run was already stopped (counted in :attr:`after_stop`).
         """
         batch = list(calls)
         if len(batch) == 1:
             return self.before_tool(*batch[0])
         now = self._clock()
         with self._lock:
-            self._raise_if_stopped()
+            if self._cause is not None:
+                self._refuse_after_stop(len(batch))
             self._check_time(now)
             if self._restricted is not None:
                 return self._restricted
             if not batch:
                 return OK
+            if self._nudge_due is not None:
+                return self._hand_out_nudge()
             sigs: list[Signature] | None = None
-            if self._dup_cap is not None or self._non_retryable:
+            if self._loops or self._dup_cap is not None or self._state.failures:
                 sigs = [self.normalizer.signature(tool, args) for tool, args in batch]
-                if self._non_retryable:
-                    self._check_retry(sigs, now)
+                if self._loops or self._state.failures:
+                    nudge = self._preview(sigs, now)
+                    if nudge is not None:
+                        return nudge
                 stop = check_duplicates(self.limits, self._dups, [(s.tool, s.key) for s in sigs])
                 if stop is not None:
                     self._stop_with(stop, now)
             plan = self._plan([tool for tool, _ in batch])
             return self._reserve(plan, batch, sigs, now)
+
+    def _preview(self, sigs: Sequence[Signature], now: float) -> Advisory | None:
+        """Ask the watcher whether any call would make the run ``stuck``; stop, or nudge."""
+        state, policy = self._state, self._watch_policy
+        for sig in sigs:
+            found = preview(state, sig.tool, sig, policy, self.normalizer)
+            if found is None or (not self._loops and found.rule is not Rule.RETRY_OF_NON_RETRYABLE):
+                continue
+            if self.on_loop == "nudge" and self._nudge is None:
+                self._nudge = found
+                return _nudge_advisory(found)
+            self._stop_with(found, now)
+        return None
+
+    def _hand_out_nudge(self) -> Advisory:
+        nudge = self._nudge_due
+        assert nudge is not None
+        self._nudge_due = None
+        return nudge
+
+    def _refuse_after_stop(self, calls: int) -> NoReturn:
+        """A tool call (or batch) after the stop: the framework went on. Count it, raise."""
+        self._after_tools += calls
+        self._refused_after_stop += calls
+        self._raise_if_stopped()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _check_time(self, now: float) -> None:
         for scope in self._deadlines:
@@ -410,6 +648,7 @@ class Guard:
             self._unavailable_for(meta, now)
         if index >= 0:
             self._stop_with(charge_stop(meta[index][1], totals[index]), now)
+        self._inflight += len(batch)
         seen = self._tools_seen
         for tool, _ in batch:
             if tool not in seen:
@@ -444,21 +683,34 @@ class Guard:
         """Call after a tool call ran, with its result; feeds the loop watcher.
 
         A failure with ``retryable=False`` makes an identical later call refused before it
-        runs; a success clears that.
+        runs (the watcher remembers it for a window of calls).
 
         Returns:
             The loop watcher's assessment when its verdict changed at this call (e.g.
-            ``uncertain``: a hint to nudge the model), else ``None``.
+            ``uncertain``; with ``on_loop="nudge"``, the ``stuck`` assessment a nudge is given
+            for, handed to the model by the next ``before_tool(s)``), else ``None``.
 
         Raises:
-            LoopDetected: the loop policy says the run is ``stuck``.
+            LoopDetected: the loop policy says the run is ``stuck`` (with ``on_loop="nudge"``,
+                after the nudge: at any call where a loop rule trips).
+            RunStopped: a tool body ran after the run was stopped (counted in
+                :attr:`after_stop`); a call allowed before the stop that finishes after it
+                returns ``None``.
         """
         with self._lock:
+            if self._inflight:
+                self._inflight -= 1
+            elif self._cause is not None:
+                if self._refused_after_stop:
+                    self._refused_after_stop -= 1  # counted when it was refused
+                else:
+                    self._after_tools += 1
+                self._raise_if_stopped()
             if self._cause is not None:
                 return None  # a call of a batch that finished after the run stopped
-            state, policy = self._state, self.loop_policy
+            state, policy = self._state, self._watch_policy
             failed = result is not None and not result.ok
-            if state is None and not failed and not self._non_retryable:
+            if not self._loops and not failed and not state.failures:
                 return None
             entry = self._pending.pop((tool, id(arguments)), None) if self._pending else None
             if entry is not None and entry[0] is arguments:
@@ -467,23 +719,15 @@ class Guard:
                 sig = self.normalizer.signature(tool, arguments)
             error_type: str | None = None
             retryable: bool | None = None
-            if result is not None and not result.ok:
-                error_type, retryable = result.code, result.retryable
-                if retryable is False:
-                    prior = self._non_retryable.get(sig.key)
-                    attempts = prior[1] + 1 if prior is not None else 1
-                    self._non_retryable[sig.key] = (result.code or "error", attempts)
-                else:
-                    self._non_retryable.pop(sig.key, None)
-            elif self._non_retryable:
-                self._non_retryable.pop(sig.key, None)
-            if state is None or policy is None:
-                return None
             digest: str | None = None
             progress: str | None = None
             if result is not None:
+                if not result.ok:
+                    error_type, retryable = result.code, result.retryable
                 progress = result.progress
-                if result.value is not None and (self._digest_all or tool in policy.polling_tools):
+                if result.value is not None and self._loops and (
+                    self._digest_all or tool in policy.polling_tools
+                ):
                     digest = self.normalizer.result_digest(result.value)
             call = ToolCall(
                 tool=tool,
@@ -495,7 +739,28 @@ class Guard:
                 progress=progress,
             )
             assessment = evaluate(state, call, policy, self.normalizer, signature=sig)
-            if assessment is not None and assessment.verdict is Verdict.STUCK:
+            if not self._loops:
+                if assessment is not None and assessment.rule is Rule.RETRY_OF_NON_RETRYABLE:
+                    self._stop_with(assessment, self._clock())
+                return None
+            stuck = assessment is not None and assessment.verdict is Verdict.STUCK
+            if self._nudge is not None and not stuck:
+                # After the nudge, any trip that is not explained away stops the run, even
+                # when the verdict did not change.
+                current = state.current
+                stuck = (
+                    state.last_trip == state.calls
+                    and current is not None
+                    and current.verdict is Verdict.STUCK
+                )
+                if stuck:
+                    assessment = current
+            if stuck:
+                assert assessment is not None
+                if self.on_loop == "nudge" and self._nudge is None:
+                    self._nudge = assessment
+                    self._nudge_due = _nudge_advisory(assessment)
+                    return assessment
                 self._stop_with(assessment, self._clock())
             return assessment
 
@@ -517,29 +782,45 @@ class Guard:
         call is counted in ``unpriced_calls`` and a :class:`CostNotFoundWarning` is issued once
         per model; ``max_cost_usd`` cannot be enforced for such calls.
 
+        In the run's last step (``before_step`` returned ``restrict``) this never raises: the
+        usage is recorded even when it crosses a limit, and the run's stop reason becomes
+        that limit (the next ``before_step`` raises it).
+
         Returns:
             The most severe advisory from tokens, cost and time; at ``restrict`` further tool
             calls are refused.
 
         Raises:
             BudgetExceeded: a token or cost total reached its limit (``>=``).
+            ConfigError: a token count is not an integer ``>= 0`` (below 2**62), or
+                ``cost_usd`` is not a finite number ``>= 0`` (below 1e9).
+            RunStopped: the run was already stopped (counted in :attr:`after_stop`).
         """
         for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(name, value, "an integer >= 0")
-        if cost_usd is not None and (
-            isinstance(cost_usd, bool) or not isinstance(cost_usd, (int, float)) or cost_usd < 0
-        ):
-            raise ConfigError("cost_usd", cost_usd, "a number >= 0, or None")
-        cost = (
-            cost_usd
-            if cost_usd is not None
-            else self._price(model, provider, input_tokens, output_tokens)
-        )
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value < 0
+                or value >= _MAX_COUNT
+            ):
+                raise ConfigError(name, _shown(value), "an integer >= 0 and below 2**62")
+        if cost_usd is not None:
+            usable = usable_cost(cost_usd)
+            if usable is None or usable >= _MAX_COST_USD:
+                raise ConfigError("cost_usd", cost_usd, "a finite number >= 0 and below 1e9, or None")
+            cost: float | None = usable
+        else:
+            cost = self._price(model, provider, input_tokens, output_tokens)
         nano = round(cost * NANO) if cost is not None else 0
         now = self._clock()
         with self._lock:
-            self._raise_if_stopped()
+            last = self._last_step
+            if self._cause is not None and last is None:
+                if self._step_after_stop:
+                    self._step_after_stop = False  # the step already counted
+                else:
+                    self._after_model += 1
+                self._raise_if_stopped()
             if cost is None:
                 self._unpriced += 1
             items: list[tuple[str, int]] = []
@@ -553,6 +834,8 @@ class Guard:
             try:
                 totals = self._ledger.add(items)
             except StoreUnavailable:
+                if last is not None:
+                    return last[0]
                 reason, name = self._usage_reason()
                 self._unavailable(reason, name, now)
             worst, worst_limits = OK, self.limits
@@ -565,13 +848,47 @@ class Guard:
                 )
                 stop = check_usage(scope.limits, counters)
                 if stop is not None:
-                    self._stop_with(stop, now)
+                    if last is None:
+                        self._stop_with(stop, now)
+                    if self._final is None:
+                        self._final = stop  # the last step crossed it: allowed, and recorded
+                    continue
                 adv = usage_advisory(scope.limits, counters)
                 if worst.worse(adv) is not worst:
                     worst, worst_limits = adv, scope.limits
+            if last is not None:
+                if self._final is None and self._cause is None:
+                    self._final = self._last_stop(*last)
+                return last[0]
             if worst.level is Level.RESTRICT:
                 self._restricted = refused(worst_limits, worst)
             return worst
+
+    def _last_stop(self, advisory: Advisory, limits: Limits) -> Stop:
+        """The stop a run ends on after the last step ``advisory`` restricted."""
+        name = advisory.limit_name or ""
+        if name == "max_steps":
+            natural = check_before_step(
+                replace(limits, max_duration_s=None), RunCounters(steps=self._steps)
+            )
+            if isinstance(natural, Stop):
+                return natural
+        limit = getattr(limits, name, None)
+        value = float(limit) if isinstance(limit, (int, float)) else 0.0
+        remaining = advisory.remaining if advisory.remaining is not None else 0.0
+        used = max(value - remaining, 0.0)
+        return Stop(
+            reason=_LIMIT_REASONS.get(name, StopReason.MAX_STEPS),
+            limit_name=name,
+            limit=value,
+            observed=used,
+            counter=name.removeprefix("max_"),
+            used=used,
+            message=(
+                f"The run's last step ran near its {name} limit and was told to answer without "
+                f"tools; the run ends there. Raise Limits({name}=...) for longer runs"
+            ),
+        )
 
     # -- sub-agents -------------------------------------------------------------------------
 
@@ -610,6 +927,7 @@ class Guard:
                 clock=self._clock,
                 prices=self._prices,
                 run_id=f"{self.run_id}/{self._children}",
+                on_loop=self.on_loop,
                 _parent=self,
             )
 
@@ -621,8 +939,10 @@ class Guard:
         """Run ``fn(*args, **kwargs)`` with a timeout, in a worker thread.
 
         The timeout is ``seconds`` (default ``limits.tool_timeout_s``), shortened to what is
-        left of the run's deadline. Python cannot kill a thread: on timeout the call is
-        abandoned (a daemon thread) and the run stops. Exceptions of ``fn`` propagate as is.
+        left of the run's deadline. A timeout longer than a year (``float("inf")`` included)
+        is no timeout: ``fn`` runs on the caller's thread. Python cannot kill a thread: on
+        timeout the call is abandoned (a daemon thread) and the run stops. Exceptions of
+        ``fn`` propagate as is.
 
         Raises:
             BudgetExceeded: reason ``max_duration``; ``limit_name`` is ``tool_timeout_s``
@@ -691,11 +1011,32 @@ class Guard:
     # -- end of run -------------------------------------------------------------------------
 
     def finish(self, reason: StopReason = StopReason.COMPLETED) -> None:
-        """Record how the run ended when the guard did not stop it (completed, cancelled…)."""
+        """Record how the run ended when the guard did not stop it (completed, cancelled…).
+
+        After a last step (``before_step`` returned ``restrict``) the stop reason stays the
+        limit that step was told about.
+        """
         with self._lock:
             if self._cause is None and self._finished is None:
                 self._finished = reason
                 self._ended_s = self._clock()
+                if self._last_step is not None and self._final is None:
+                    self._final = self._last_stop(*self._last_step)
+
+    @property
+    def after_stop(self) -> AfterStop | None:
+        """What the agent attempted after the guard stopped the run (the framework swallowed
+        the stop and went on): model calls and tool calls, or ``None`` while the run has not
+        been stopped. The receipt carries it, so it never claims a stop that did not happen."""
+        with self._lock:
+            if self._cause is None:
+                return None
+            return AfterStop(model_calls=self._after_model, tool_calls=self._after_tools)
+
+    @property
+    def nudged(self) -> Assessment | None:
+        """The loop assessment a nudge was given for (``on_loop="nudge"``), else ``None``."""
+        return self._nudge
 
     @property
     def stopped(self) -> RunStopped | None:
@@ -710,6 +1051,8 @@ class Guard:
             return cause.reason
         if isinstance(cause, Assessment):
             return stop_reason_for(cause.rule)
+        if self._final is not None:
+            return self._final.reason
         return self._finished
 
     def snapshot(self) -> GuardSnapshot:
@@ -717,20 +1060,40 @@ class Guard:
         with self._lock:
             return self._snapshot(self._clock())
 
-    def receipt(self, agent: str, *, end: Any = None, **fields: Any) -> Any:
+    def receipt(
+        self,
+        agent: str,
+        *,
+        end: Any = None,
+        reason: StopReason | None = None,
+        **fields: Any,
+    ) -> StopReceipt:
         """A :class:`~tripwire.core.receipt.StopReceipt` built from the guard's state.
+
+        Times are wall-clock (``started_at``, ``ended_at`` in Unix seconds); the duration
+        comes from the guard's monotonic clock. Activity after a stop is carried as
+        ``after_stop``, so the receipt never claims a stop the framework swallowed.
 
         Args:
             agent: the agent's name.
             end: an ``EndKind``; default derived from the stop reason (a budget or loop stop
                 is ``stop_condition``, ``max_duration`` is ``timeout``, ``completed`` is
                 ``natural_finish``…).
+            reason: the stop reason, when the guard did not record one (e.g. the runner knows
+                the user cancelled); default the guard's (:attr:`reason`). A run that was
+                neither stopped nor finished has none: call :meth:`finish` when the model
+                answers, or its receipt explains as ``uncertain``.
             **fields: further ``StopReceipt`` fields (``outcomes``, ``requires_outcome``…).
         """
-        from tripwire.core import receipt as rc
-
-        snap = self.snapshot()
-        reason = snap.reason
+        with self._lock:
+            snap = self._snapshot(self._clock())
+            after = self.after_stop
+        if reason is None:
+            reason = snap.reason
+        elif not isinstance(reason, StopReason):
+            raise ConfigError("reason", reason, "a StopReason or None")
+        if reason is None:
+            _warn_unfinished()
         if end is None and reason is not None:
             end = {
                 StopReason.COMPLETED: rc.EndKind.NATURAL_FINISH,
@@ -748,7 +1111,9 @@ class Guard:
             cost_usd=None if c.unpriced_calls and not c.cost_usd else c.cost_usd,
             duration_s=c.elapsed_s,
         )
-        start = self._chain[0].start_s
+        extra: dict[str, Any] = {}
+        if after is not None and "after_stop" not in fields:
+            extra["after_stop"] = after
         return rc.StopReceipt(
             run_id=self.run_id,
             agent=agent,
@@ -759,8 +1124,9 @@ class Guard:
             normalizer_version=snap.normalizer_version,
             counters=counters,
             verdict=snap.verdict,
-            started_at=start,
-            ended_at=self._ended_s if self._ended_s is not None else start + c.elapsed_s,
+            started_at=self._started_at,
+            ended_at=self._started_at + c.elapsed_s,
+            **extra,
             **fields,
         )
 
@@ -780,33 +1146,6 @@ class Guard:
                 meta.append((i, charge, threshold))
                 capped = capped or threshold is not None
         return items, meta, capped
-
-    def _check_retry(self, sigs: Sequence[Signature], now: float) -> None:
-        for sig in sigs:
-            prior = self._non_retryable.get(sig.key)
-            if prior is not None and not sig.name_only:
-                policy = self.loop_policy
-                code, attempts = prior
-                state = self._state
-                self._stop_with(
-                    Assessment(
-                        verdict=Verdict.STUCK,
-                        rule=Rule.RETRY_OF_NON_RETRYABLE,
-                        tool=sig.tool,
-                        digest=sig.digest,
-                        hits=attempts + 1,
-                        period=1,
-                        window=policy.window if policy is not None else 0,
-                        call_index=(state.calls if state is not None else 0) + 1,
-                        reason=(
-                            f"{sig.tool} was called again with identical arguments after an "
-                            f"error ({code}) marked non-retryable"
-                        ),
-                        policy_version=policy.version if policy is not None else "",
-                        normalizer_version=self.normalizer.version,
-                    ),
-                    now,
-                )
 
     def _time_refusal(self, now: float) -> Advisory:
         for scope in self._chain:
@@ -859,42 +1198,11 @@ class Guard:
     def _price(
         self, model: str | None, provider: str | None, tokens_in: int, tokens_out: int
     ) -> float | None:
-        prices = self._prices
-        if model is None or prices is None:
-            key = "<no model name>" if model is None else model
-            if self.limits.max_cost_usd is not None or any(
-                s.limits.max_cost_usd is not None for s in self._chain
-            ):
-                _warn_once(
-                    key,
-                    f"no price for a model call ({'no model name' if model is None else 'pricing is off'}"
-                    "): its cost is not counted and max_cost_usd cannot be enforced for it; "
-                    "pass cost_usd=... to record_usage",
-                )
-            return None
-        try:
-            price = prices(model, provider, tokens_in, tokens_out)
-        except ImportError as exc:
-            _warn_once(model, f"{exc}; the cost of {model} calls is not counted")
-            return None
-        except Exception:
-            # The agent-facing boundary: a bug in the price table must not break the run.
-            # Count the call as unpriced (documented), log once per model.
-            with _WARNED_LOCK:
-                first = ("<error>" + model) not in _WARNED_MODELS
-                _WARNED_MODELS.add("<error>" + model)
-            if first:
-                logger.exception("pricing %s failed; its calls are counted as unpriced", model)
-            price = None
-        if price is None:
-            _warn_once(
-                model,
-                f"no price known for model {model!r}"
-                + (f" (provider {provider!r})" if provider else "")
-                + ": its calls add nothing to cost_usd and max_cost_usd cannot be enforced for "
-                "them; pass cost_usd=... to record_usage, or check the model name",
-            )
-        return price
+        if self._pricer.enabled and model is not None:
+            return self._pricer.cost(model, provider, tokens_in, tokens_out)
+        if not any(s.limits.max_cost_usd is not None for s in self._chain):
+            return None  # nothing to enforce: no warning for an unpriced call
+        return self._pricer.cost(model, provider, tokens_in, tokens_out)
 
     def _timeout_for(self, seconds: float | None) -> tuple[float | None, str, float]:
         if seconds is not None and (
@@ -915,6 +1223,8 @@ class Guard:
                     stop = check_duration(scope.limits, now - scope.start_s, "tool call")
                     if stop is not None:
                         self._stop_with(stop, now)
+        if limit is not None and limit > _MAX_TIMEOUT_S:
+            limit = None  # longer than threads can wait: no timeout (documented)
         return limit, name, now
 
     def _timed_out(self, label: str, limit: float, name: str, started: float) -> NoReturn:
@@ -1044,7 +1354,7 @@ class Guard:
         cause = self._cause
         state = self._state
         verdict = Verdict.WORKING
-        if state is not None and state.current is not None:
+        if self._loops and state.current is not None:
             verdict = state.current.verdict
         if isinstance(cause, Assessment):
             verdict = cause.verdict
@@ -1058,4 +1368,7 @@ class Guard:
             policy_version=self.loop_policy.version if self.loop_policy is not None else None,
             normalizer_version=self.normalizer.version,
             limits=self.limits,
+            nudge=self._nudge,
+            after_stop_model_calls=self._after_model,
+            after_stop_tool_calls=self._after_tools,
         )
