@@ -870,7 +870,7 @@ def test_receipt_of_a_finished_run_classifies_as_a_finish() -> None:
 
 
 def test_receipt_of_an_unfinished_run_warns_to_call_finish() -> None:
-    import tripwire.guard as guard_module
+    import tripwire.guard._guard as guard_module
 
     guard_module._UNFINISHED_WARNED.clear()
     guard = Guard(loop_policy=None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from tripwire.store.base import Record
+from tripwire.store.base import Record, Reservation
 
 __all__ = ["MemoryIdempotencyStore", "MemoryLedger"]
 
@@ -23,7 +23,7 @@ class MemoryLedger:
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def reserve(self, items: Sequence[tuple[str, int, int | None]]) -> tuple[int, list[int]]:
+    def reserve(self, items: Sequence[tuple[str, int, int | None]]) -> Reservation:
         """See :meth:`tripwire.store.base.Ledger.reserve`."""
         counts = self._counts
         get = counts.get
@@ -32,11 +32,13 @@ class MemoryLedger:
             for key, amount, cap in items:
                 total = get(key, 0) + amount
                 if cap is not None and total > cap:
-                    return len(totals), [get(k, 0) for k, _, _ in items]
+                    return Reservation(
+                        totals=tuple(get(k, 0) for k, _, _ in items), refused=len(totals)
+                    )
                 totals.append(total)
             for (key, _, _), total in zip(items, totals, strict=True):
                 counts[key] = total
-            return -1, totals
+            return Reservation(totals=tuple(totals))
 
     def add(self, items: Sequence[tuple[str, int]]) -> list[int]:
         """See :meth:`tripwire.store.base.Ledger.add`."""

@@ -1,43 +1,4 @@
-"""The run guard: what an agent runner calls around every step and tool call.
-
-A thin, thread-safe shell over :mod:`tripwire.core.budget` (limits, levels, checks) and
-:mod:`tripwire.core.watch` (the loop watcher)::
-
-    guard = Guard(Limits(max_steps=20, max_cost_usd=0.50, tool_caps={"send_email": 1}))
-    guard.partial_answer = lambda snap: summarize(history)     # optional
-    while True:
-        advisory = guard.before_step()            # may raise BudgetExceeded
-        if not advisory.ok:
-            messages.append(system(advisory.message))
-        reply = model(messages, tools=None if advisory.level == "restrict" else tools)
-        guard.record_usage(model=reply.model, input_tokens=..., output_tokens=...)
-        if not reply.tool_calls:
-            guard.finish(); break
-        batch = [(c.name, c.args) for c in reply.tool_calls]
-        verdict = guard.before_tools(batch)       # the whole batch, before any of it runs
-        if not verdict.allowed:                   # restricted or nudged: tell the model
-            ...; continue
-        for name, args in batch:
-            result = guard.timeout(run_tool, None, name, args)
-            guard.after_tool(name, args, ToolResult.success(result))   # may raise LoopDetected
-
-The guard raises only :class:`~tripwire.errors.RunStopped` subclasses, on purpose:
-:class:`~tripwire.errors.BudgetExceeded` (one :class:`StopReason`, the limit that fired, the
-counters, the partial answer) and :class:`~tripwire.errors.LoopDetected`. Once it has raised,
-the run is stopped: every later check raises the same exception again, and is counted
-(:attr:`Guard.after_stop`), so a receipt never claims a stop the framework swallowed.
-Everything else it returns as an :class:`~tripwire.core.budget.Advisory`.
-
-Loops are refused, not reported: ``before_tool(s)`` asks the watcher
-(:func:`tripwire.core.watch.preview`) whether the call would make the run ``stuck`` and raises
-:class:`~tripwire.errors.LoopDetected` before the tool body runs. With ``on_loop="nudge"`` the
-first such call is refused softly instead (an advisory naming what was repeated); the next
-call at which a loop rule trips stops the run.
-
-Thread-safety: one lock per guard; the ledger has its own. Asyncio: nothing awaits under the
-lock and the in-process path never blocks, so the sync methods may be called from coroutines;
-the ``a``-prefixed variants move calls to a worker thread when the ledger is remote (Redis).
-"""
+"""The :class:`Guard`: one run's budgets and loop refusals, called from inside the agent loop."""
 
 from __future__ import annotations
 
@@ -49,8 +10,8 @@ import time
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Final, Literal, NoReturn, TypeVar
+from dataclasses import dataclass
+from typing import Any, Final, NoReturn, TypeVar
 
 from tripwire.core import receipt as rc
 from tripwire.core.budget import (
@@ -58,7 +19,6 @@ from tripwire.core.budget import (
     NO_LIMITS,
     OK,
     Advisory,
-    Charge,
     Level,
     Limits,
     RunCounters,
@@ -70,7 +30,6 @@ from tripwire.core.budget import (
     check_usage,
     count_advisory,
     plan_subagent,
-    plan_tool_calls,
     refused,
     usage_advisory,
 )
@@ -82,16 +41,27 @@ from tripwire.core.results import ToolResult
 from tripwire.core.signature import ABSENT, DEFAULT_NORMALIZER, Normalizer, Signature
 from tripwire.core.watch import Assessment, RunState, evaluate, preview
 from tripwire.errors import ConfigError, RunStopped
+from tripwire.guard._decide import (
+    SOFT_STOPS,
+    last_step_stop,
+    nudge_advisory,
+    timeout_stop,
+    unavailable_stop,
+    wrap_up_advisory,
+)
+from tripwire.guard._ledger import LedgerView, ScopeKeys, ToolPlan, Usage
+from tripwire.guard._values import INHERIT, GuardSnapshot, Inherit, OnLoop
 from tripwire.prices import PriceFn, Pricer, genai_price, usable_cost
 from tripwire.store.base import Ledger, StoreUnavailable
 from tripwire.store.memory import MemoryLedger
 
-__all__ = ["Guard", "GuardSnapshot"]
+__all__ = ["Guard"]
 
-OnLoop = Literal["stop", "nudge"]
-"""What the guard does the first time a call would make the run ``stuck``: ``"stop"`` raises
-:class:`~tripwire.errors.LoopDetected`; ``"nudge"`` refuses that call softly with a message for
-the model, and stops the run at the next call at which a loop rule trips."""
+logger = logging.getLogger("tripwire.guard")
+
+_T = TypeVar("_T")
+_PENDING_MAX: Final = 1024
+"""Signatures computed before a call, kept for its ``after_tool`` (bounded: cleared when full)."""
 
 _RETRY_ONLY: Final = LoopPolicy(
     name="retry-only",
@@ -109,84 +79,31 @@ _RETRY_ONLY: Final = LoopPolicy(
 refuses an identical retry of a call that failed non-retryably (the watcher decides it, in one
 place), and ignores every other rule."""
 
-_SOFT_STOPS: Final = frozenset(
-    {
-        StopReason.MAX_TOOL_CALLS,
-        StopReason.MAX_TOOL_CALLS_FOR_TOOL,
-        StopReason.MAX_DUPLICATE_CALLS,
-        StopReason.MAX_SUBAGENTS,
-    }
-)
-"""Stops that refuse tool calls (or sub-agents) only: the model still gets one tool-less step
-to give its final answer."""
-
-_LIMIT_REASONS: Final = {
-    "max_steps": StopReason.MAX_STEPS,
-    "max_cost_usd": StopReason.MAX_COST,
-    "max_input_tokens": StopReason.MAX_INPUT_TOKENS,
-    "max_output_tokens": StopReason.MAX_OUTPUT_TOKENS,
-    "max_total_tokens": StopReason.MAX_TOTAL_TOKENS,
-    "max_duration_s": StopReason.MAX_DURATION,
-    "max_no_progress_steps": StopReason.NO_PROGRESS,
-}
-"""The stop reason of each limit that can restrict the last step."""
-
 _MAX_COUNT: Final = 1 << 62
 """Token counts at or above this are refused (``ConfigError``): ledgers count in 64 bits."""
 _MAX_COST_USD: Final = 1e9
 """Reported costs at or above this (USD) are refused (``ConfigError``)."""
 _MAX_TIMEOUT_S: Final = 86_400.0 * 365
-"""Timeouts longer than a year are treated as no timeout (threading cannot wait longer)."""
+"""Timeouts longer than a year are treated as no timeout (threads cannot wait that long)."""
 
-_NUDGE_HINT: Final = "Try a different approach, or stop and report what you found."
+_DEFAULT_PRICER: Final = Pricer(genai_price)
+"""One pricer for every guard on the default price table: it warns once per model per process."""
 
+_END_KINDS: Final = {
+    StopReason.COMPLETED: rc.EndKind.NATURAL_FINISH,
+    StopReason.USER_CANCELLED: rc.EndKind.USER_ABORT,
+    StopReason.MAX_DURATION: rc.EndKind.TIMEOUT,
+    StopReason.TOOL_ERROR: rc.EndKind.TOOL_FAILURE,
+    StopReason.APPROVAL_REQUIRED: rc.EndKind.APPROVAL_REQUESTED,
+}
+"""How a run ended, by stop reason; every other reason is a ``stop_condition``."""
 
-def nudge_message(assessment: Assessment) -> str:
-    """The message a nudge shows the model: what it repeated, in words, and what to do.
-
-    Names the tool and the counts, never the arguments.
-    """
-    tool, hits = assessment.tool or "a tool", assessment.hits
-    rule = assessment.rule
-    if rule is Rule.RETRY_OF_NON_RETRYABLE:
-        what = (
-            f"You called {tool} again with the same arguments after it failed with an error "
-            "that retrying cannot fix."
-        )
-    elif rule is Rule.PERIOD:
-        what = (
-            f"You repeated the same cycle of {assessment.period} tool calls, ending with {tool}, "
-            f"{hits} times, and it returned the same results."
-        )
-    elif rule is Rule.SAME_ERROR:
-        what = f"Your last {hits} tool calls, ending with {tool}, failed with the same error."
-    elif rule is Rule.FAILURES:
-        what = f"{hits} of your last {assessment.window} tool calls failed."
-    elif rule is Rule.SAME_RESULT:
-        what = f"You called {tool} {hits} times in a row and it returned the same result each time."
-    elif rule is Rule.REVISIT:
-        what = (
-            f"Your last {hits} tool calls, ending with {tool}, repeated earlier calls and got "
-            "the same results."
-        )
-    else:
-        what = (
-            f"You called {tool} with the same arguments {hits} times and it returned the same "
-            "result."
-        )
-    return f"{what} {_NUDGE_HINT}"
-
-logger = logging.getLogger("tripwire.guard")
-
-_T = TypeVar("_T")
-_PENDING_MAX: Final = 1024
-
-def _shown(value: Any) -> Any:
-    """``value`` for an error message: an integer too long to print is described instead."""
-    if isinstance(value, int) and value.bit_length() > 256:
-        return f"<an integer of {value.bit_length()} bits>"
-    return value
-
+_USAGE_LIMITS: Final = (
+    ("max_cost_usd", StopReason.MAX_COST, "cost_usd"),
+    ("max_input_tokens", StopReason.MAX_INPUT_TOKENS, "input_tokens"),
+    ("max_output_tokens", StopReason.MAX_OUTPUT_TOKENS, "output_tokens"),
+    ("max_total_tokens", StopReason.MAX_TOTAL_TOKENS, "total_tokens"),
+)
 
 _UNFINISHED_WARNED = threading.Event()
 
@@ -205,92 +122,25 @@ def _warn_unfinished() -> None:
     )
 
 
-def _nudge_advisory(assessment: Assessment) -> Advisory:
-    """The soft refusal a nudge hands the model instead of running the call."""
-    return Advisory(
-        level=Level.RESTRICT,
-        message=nudge_message(assessment),
-        limit_name="loop",
-        remaining=None,
-        allowed=False,
-    )
-
-
-def _wrap_up(stop: Stop, limits: Limits) -> Advisory:
-    """The advisory of the tool-less last step after a tool-call cap stopped the run."""
-    limit = int(stop.limit) if float(stop.limit).is_integer() else stop.limit
-    left = f"No tool calls left ({stop.limit_name}={limit} reached)"
-    return Advisory(
-        level=Level.RESTRICT,
-        message=limits.messages.restrict.format(
-            left=left, limit_name=stop.limit_name, limit=limit, used=limit, remaining=0
-        ),
-        limit_name=stop.limit_name,
-        remaining=0,
-    )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GuardSnapshot:
-    """The guard's state at one moment: counters, and why the run stopped (if it did)."""
-
-    run_id: str
-    counters: RunCounters
-    """What the run consumed (shared counters include sub-agents' use)."""
-    reason: StopReason | None
-    """Why the run stopped; ``None`` while it runs."""
-    stop: Stop | None
-    """The budget limit that fired, with its values (``None`` unless a budget stopped it)."""
-    loop: Assessment | None
-    """The loop assessment that stopped the run (or refused a non-retryable retry)."""
-    verdict: Verdict
-    """The loop watcher's verdict in force (``working`` when the watcher is off)."""
-    policy_version: str | None
-    normalizer_version: str
-    limits: Limits
-    nudge: Assessment | None = None
-    """The loop assessment a nudge was given for (``on_loop="nudge"``), else ``None``."""
-    after_stop_model_calls: int = 0
-    """Model calls attempted after the guard stopped the run (the framework went on)."""
-    after_stop_tool_calls: int = 0
-    """Tool calls attempted after the guard stopped the run (the framework went on)."""
-
-    @property
-    def condition(self) -> dict[str, str | int | float | bool | None]:
-        """The inputs of the condition that fired, e.g. ``{"tool_calls": 20, "requested": 1,
-        "max_tool_calls": 20}`` (empty while running)."""
-        if self.stop is not None:
-            return self.stop.condition
-        if self.loop is not None:
-            a = self.loop
-            out: dict[str, str | int | float | bool | None] = {
-                "rule": a.rule.value if a.rule else None,
-                "tool": a.tool,
-                "hits": a.hits,
-                "window": a.window,
-                "period": a.period,
-                "call_index": a.call_index,
-            }
-            if self.nudge is not None:
-                out["nudged_at_call"] = self.nudge.call_index
-            return out
-        if self.nudge is not None:
-            return {"nudged_at_call": self.nudge.call_index}
-        return {}
+def _shown(value: Any) -> Any:
+    """``value`` for an error message: an integer too long to print is described instead."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"<an integer of {value.bit_length()} bits>"
+    return value
 
 
 @dataclass(frozen=True, slots=True)
 class _Scope:
-    key: str
-    """Ledger counter prefix of this run (``{root}:`` or ``{root}:1:2:``)."""
+    """One run of the chain a guard spends from: itself, its parent, ... up to the root."""
+
+    keys: ScopeKeys
+    """Its ledger counters."""
     limits: Limits
     start_s: float
+    """When it started (the guard's monotonic clock)."""
     deadline_s: float | None
     restrict_s: float | None
     """When the duration budget reaches its restrict level."""
-
-
-_Plan = tuple[list[tuple[str, int, int | None]], list[tuple[int, Charge, float | None]], bool]
 
 
 class Guard:
@@ -298,14 +148,17 @@ class Guard:
 
     Args:
         limits: the run's :class:`~tripwire.core.budget.Limits` (default: none, only count).
-        loop_policy: the loop watcher's policy; ``None`` switches loop detection off.
+        loop_policy: the loop watcher's policy; ``None`` switches loop detection off (an
+            identical retry of a call that failed with ``retryable=False`` is still refused).
         normalizer: the signature normalizer (tool + arguments → signature).
-        clock: monotonic seconds (injectable for tests).
+        clock: monotonic seconds, for durations and deadlines (injectable for tests);
+            receipts record wall-clock times.
         ledger: where shared counters live: a :class:`~tripwire.store.memory.MemoryLedger`
             (default, one per root guard) or a :class:`~tripwire.store.redis.RedisLedger` to
             share one budget across processes (give every process the same ``run_id``).
         prices: ``(model, provider, input_tokens, output_tokens) -> USD | None``; default the
             ``genai-prices`` table; ``None`` prices nothing (report ``cost_usd`` yourself).
+            Priced through :class:`tripwire.prices.Pricer` (warns once per model).
         run_id: the run's id (default a random one); the ledger key of its counters.
         on_loop: ``"stop"`` (default) raises :class:`~tripwire.errors.LoopDetected` before a
             call that would make the run ``stuck`` runs; ``"nudge"`` refuses the first such
@@ -337,9 +190,11 @@ class Guard:
             raise ConfigError("loop_policy", loop_policy, "a LoopPolicy or None")
         if on_loop not in ("stop", "nudge"):
             raise ConfigError("on_loop", on_loop, "'stop' or 'nudge'")
+        if run_id is not None and (not isinstance(run_id, str) or not run_id):
+            raise ConfigError("run_id", run_id, "a non-empty str, or None")
         self.limits = limits
         self.loop_policy = loop_policy
-        self.on_loop: OnLoop = on_loop
+        self.on_loop: OnLoop = "nudge" if on_loop == "nudge" else "stop"
         self.normalizer = normalizer
         self.run_id = run_id or uuid.uuid4().hex
         self.partial_answer = None
@@ -355,24 +210,25 @@ class Guard:
             if limits.levels.restrict is not None:
                 restrict_at = start + limits.max_duration_s * limits.levels.restrict
         if _parent is None:
-            self._ledger: Ledger = ledger if ledger is not None else MemoryLedger()
-            key = "{" + self.run_id + "}:"
+            self._view = LedgerView(ledger if ledger is not None else MemoryLedger())
+            keys = ScopeKeys.root(self.run_id)
             parents: tuple[_Scope, ...] = ()
             self._tools_seen: set[str] = set()
+            self._pricer = _DEFAULT_PRICER if prices is genai_price else Pricer(prices)
         else:
-            self._ledger = _parent._ledger
-            key = f"{_parent._chain[0].key}{_parent._children}:"
+            self._view = _parent._view
+            keys = _parent._chain[0].keys.child(_parent._children)
             parents = _parent._chain
             self._tools_seen = _parent._tools_seen
-        self._chain: tuple[_Scope, ...] = (
-            _Scope(key, limits, start, deadline, restrict_at),
-            *parents,
-        )
+            self._pricer = _parent._pricer
+        self._chain: tuple[_Scope, ...] = (_Scope(keys, limits, start, deadline, restrict_at), *parents)
         self._restrict_at = min(
             (s.restrict_s for s in self._chain if s.restrict_s is not None), default=float("inf")
         )
         self._deadlines = tuple(s for s in self._chain if s.deadline_s is not None)
         self._timed = bool(self._deadlines)
+        self._usage_limited = any(s.limits.has_usage_limits() for s in self._chain)
+        self._cost_limited = any(s.limits.max_cost_usd is not None for s in self._chain)
         self._digest_all = loop_policy is not None and (
             loop_policy.revisit is not None or loop_policy.result_evidence is ResultEvidence.ALL
         )
@@ -389,11 +245,17 @@ class Guard:
         self._pending: dict[tuple[str, int], tuple[Any, Signature]] = {}
         self._inflight = 0
         """Tool calls allowed whose ``after_tool`` has not come yet (a batch still running)."""
+        self._plans: dict[str, ToolPlan] = {}
+        self._last_progress: str | None = None
+        self._no_progress = 0
+        self._unpriced = 0
+        self._restricted: Advisory | None = None
+        """The refusal returned for tool calls while the run is restricted."""
         self._nudge: Assessment | None = None
         self._nudge_due: Advisory | None = None
         """A nudge decided in ``after_tool``, handed out by the next ``before_tool(s)``."""
         self._last_step: tuple[Advisory, Limits] | None = None
-        """Set while the step ``before_step`` restricted runs: the run's last step."""
+        """Set while the step that ``before_step`` restricted runs: the run's last step."""
         self._final: Stop | None = None
         """The limit the run ends on after its last step (the stop reason; raised next step)."""
         self._after_model = 0
@@ -402,12 +264,6 @@ class Guard:
         """A ``before_step`` after the stop was counted; its usage report is the same call."""
         self._refused_after_stop = 0
         """Tool calls refused after the stop whose ``after_tool`` may still come."""
-        self._plans: dict[str, _Plan] = {}
-        self._last_progress: str | None = None
-        self._no_progress = 0
-        self._unpriced = 0
-        self._pricer = Pricer(prices)
-        self._restricted: Advisory | None = None
         self._cause: Stop | Assessment | None = None
         self._finished: StopReason | None = None
         self._ended_s: float | None = None
@@ -443,19 +299,20 @@ class Guard:
             last, self._last_step = self._last_step, None
             cause = self._cause
             if cause is not None:
-                if last is None and isinstance(cause, Stop) and cause.reason in _SOFT_STOPS:
-                    self._last_step = wrap = (_wrap_up(cause, self.limits), self.limits)
+                if last is None and isinstance(cause, Stop) and cause.reason in SOFT_STOPS:
+                    # A tool-call cap refuses tools, not the final answer: one tool-less step.
+                    wrap = wrap_up_advisory(cause, self.limits)
+                    self._last_step = (wrap, self.limits)
                     self._steps += 1
-                    self._restricted = None
-                    return wrap[0]
+                    return wrap
                 self._after_model += 1
                 self._step_after_stop = True
                 self._raise_if_stopped()
-            shared = self._read_usage()
+            usage = self._read_usage(now)
             worst, worst_limits = OK, self.limits
             stop: Stop | None = None
             for i, scope in enumerate(self._chain):
-                counters = self._usage_counters(i, shared, now)
+                counters = self._usage_counters(i, usage, now)
                 if i == 0:
                     result = check_before_step(scope.limits, counters)
                 else:
@@ -471,7 +328,9 @@ class Guard:
                     worst, worst_limits = result, scope.limits
             if last is not None:
                 # The previous step was the last: the run ends on the limit it was told about.
-                self._stop_with(self._final or stop or self._last_stop(*last), now)
+                self._stop_with(
+                    self._final or stop or last_step_stop(*last, self._steps), now
+                )
             if stop is not None:
                 self._stop_with(stop, now)
             self._steps += 1
@@ -520,15 +379,7 @@ class Guard:
             plan = self._plans.get(tool)
             if plan is None:
                 plan = self._plans[tool] = self._plan((tool,))
-            # What follows is _reserve() for a batch of one, inlined: this runs before every
-            # tool call, and going through _reserve's batch loops costs ~0.65 µs (bench_guard).
-            items, meta, capped = plan
-            try:
-                index, totals = self._ledger.reserve(items)
-            except StoreUnavailable:
-                self._unavailable_for(meta, now)
-            if index >= 0:
-                self._stop_with(charge_stop(meta[index][1], totals[index]), now)
+            totals = self._reserve(plan, now)
             self._inflight += 1
             if tool not in self._tools_seen:
                 self._tools_seen.add(tool)
@@ -538,21 +389,16 @@ class Guard:
                 if len(pending) >= _PENDING_MAX:
                     pending.clear()
                 pending[(tool, id(arguments))] = (arguments, sig)
-            if not capped:
+            if not plan.capped:
                 return OK
-            worst = OK
-            for i, (scope_index, charge, threshold) in enumerate(meta):
-                if threshold is not None and totals[i] >= threshold:
-                    adv = count_advisory(self._chain[scope_index].limits, charge, totals[i])
-                    if adv is not None:
-                        worst = worst.worse(adv)
-            return worst
+            return self._count_advisory(plan, totals)
 
     def before_tools(self, calls: Iterable[tuple[str, Any]]) -> Advisory:
         """Call before running a batch of tool calls (a parallel batch as a whole).
 
         Either the whole batch is allowed (and counted), or none of it: a batch that would
-        take any cap over its limit is refused before any of it runs.
+        take any cap over its limit is refused before any of it runs. Each call is judged by
+        the loop watcher against the run so far.
 
         Returns:
             An advisory. ``allowed=False`` means the calls must not run; give the model
@@ -596,18 +442,44 @@ class Guard:
                 if stop is not None:
                     self._stop_with(stop, now)
             plan = self._plan([tool for tool, _ in batch])
-            return self._reserve(plan, batch, sigs, now)
+            totals = self._reserve(plan, now)
+            self._inflight += len(batch)
+            seen = self._tools_seen
+            for tool, _ in batch:
+                if tool not in seen:
+                    seen.add(tool)
+            if sigs is not None:
+                dups, pending = self._dups, self._pending
+                if len(pending) >= _PENDING_MAX:
+                    pending.clear()
+                for sig, (tool, args) in zip(sigs, batch, strict=True):
+                    dups[sig.key] = dups.get(sig.key, 0) + 1
+                    pending[(tool, id(args))] = (args, sig)
+            if not plan.capped:
+                return OK
+            return self._count_advisory(plan, totals)
+
+    def _count_advisory(self, plan: ToolPlan, totals: Sequence[int]) -> Advisory:
+        """The most severe count-cap advisory after a reservation brought its counters to
+        ``totals`` (in the plan's order)."""
+        worst = OK
+        for planned, total in zip(plan.charges, totals, strict=True):
+            if planned.advise_at is not None and total >= planned.advise_at:
+                adv = count_advisory(self._chain[planned.scope].limits, planned.charge, total)
+                if adv is not None:
+                    worst = worst.worse(adv)
+        return worst
 
     def _preview(self, sigs: Sequence[Signature], now: float) -> Advisory | None:
-        """Ask the watcher whether any call would make the run ``stuck``; stop, or nudge."""
-        state, policy = self._state, self._watch_policy
+        """Ask the watcher whether a call would make the run ``stuck``: stop, or nudge."""
+        state, policy, loops = self._state, self._watch_policy, self._loops
         for sig in sigs:
             found = preview(state, sig.tool, sig, policy, self.normalizer)
-            if found is None or (not self._loops and found.rule is not Rule.RETRY_OF_NON_RETRYABLE):
+            if found is None or (not loops and found.rule is not Rule.RETRY_OF_NON_RETRYABLE):
                 continue
             if self.on_loop == "nudge" and self._nudge is None:
                 self._nudge = found
-                return _nudge_advisory(found)
+                return nudge_advisory(found)
             self._stop_with(found, now)
         return None
 
@@ -621,8 +493,11 @@ class Guard:
         """A tool call (or batch) after the stop: the framework went on. Count it, raise."""
         self._after_tools += calls
         self._refused_after_stop += calls
-        self._raise_if_stopped()
-        raise AssertionError("unreachable")  # pragma: no cover
+        exc = self._exc
+        if exc is None:
+            assert self._cause is not None
+            exc = self._exception(self._cause)
+        raise exc.with_traceback(None)
 
     def _check_time(self, now: float) -> None:
         for scope in self._deadlines:
@@ -633,43 +508,6 @@ class Guard:
             refusal = self._time_refusal(now)
             if not refusal.allowed:
                 self._restricted = refusal
-
-    def _reserve(
-        self,
-        plan: _Plan,
-        batch: Sequence[tuple[str, Any]],
-        sigs: Sequence[Signature | None] | None,
-        now: float,
-    ) -> Advisory:
-        items, meta, capped = plan
-        try:
-            index, totals = self._ledger.reserve(items)
-        except StoreUnavailable:
-            self._unavailable_for(meta, now)
-        if index >= 0:
-            self._stop_with(charge_stop(meta[index][1], totals[index]), now)
-        self._inflight += len(batch)
-        seen = self._tools_seen
-        for tool, _ in batch:
-            if tool not in seen:
-                seen.add(tool)
-        if sigs is not None:
-            dups, pending = self._dups, self._pending
-            if len(pending) >= _PENDING_MAX:
-                pending.clear()
-            for sig, (tool, args) in zip(sigs, batch, strict=True):
-                if sig is not None:
-                    dups[sig.key] = dups.get(sig.key, 0) + 1
-                    pending[(tool, id(args))] = (args, sig)
-        if not capped:
-            return OK
-        worst = OK
-        for (scope_index, charge, threshold), total in zip(meta, totals, strict=True):
-            if threshold is not None and total >= threshold:
-                adv = count_advisory(self._chain[scope_index].limits, charge, total)
-                if adv is not None:
-                    worst = worst.worse(adv)
-        return worst
 
     def after_tool(
         self,
@@ -692,7 +530,7 @@ class Guard:
 
         Raises:
             LoopDetected: the loop policy says the run is ``stuck`` (with ``on_loop="nudge"``,
-                after the nudge: at any call where a loop rule trips).
+                after the nudge: at any call where a loop rule trips and nothing explains it).
             RunStopped: a tool body ran after the run was stopped (counted in
                 :attr:`after_stop`); a call allowed before the stop that finishes after it
                 returns ``None``.
@@ -725,8 +563,10 @@ class Guard:
                 if not result.ok:
                     error_type, retryable = result.code, result.retryable
                 progress = result.progress
-                if result.value is not None and self._loops and (
-                    self._digest_all or tool in policy.polling_tools
+                if (
+                    result.value is not None
+                    and self._loops
+                    and (self._digest_all or tool in policy.polling_tools)
                 ):
                     digest = self.normalizer.result_digest(result.value)
             call = ToolCall(
@@ -745,8 +585,8 @@ class Guard:
                 return None
             stuck = assessment is not None and assessment.verdict is Verdict.STUCK
             if self._nudge is not None and not stuck:
-                # After the nudge, any trip that is not explained away stops the run, even
-                # when the verdict did not change.
+                # After the nudge, a trip that nothing explains away stops the run, even when
+                # the verdict did not change.
                 current = state.current
                 stuck = (
                     state.last_trip == state.calls
@@ -759,7 +599,7 @@ class Guard:
                 assert assessment is not None
                 if self.on_loop == "nudge" and self._nudge is None:
                     self._nudge = assessment
-                    self._nudge_due = _nudge_advisory(assessment)
+                    self._nudge_due = nudge_advisory(assessment)
                     return assessment
                 self._stop_with(assessment, self._clock())
             return assessment
@@ -804,11 +644,13 @@ class Guard:
                 or value >= _MAX_COUNT
             ):
                 raise ConfigError(name, _shown(value), "an integer >= 0 and below 2**62")
+        cost: float | None
         if cost_usd is not None:
-            usable = usable_cost(cost_usd)
-            if usable is None or usable >= _MAX_COST_USD:
-                raise ConfigError("cost_usd", cost_usd, "a finite number >= 0 and below 1e9, or None")
-            cost: float | None = usable
+            cost = usable_cost(cost_usd)
+            if cost is None or cost >= _MAX_COST_USD:
+                raise ConfigError(
+                    "cost_usd", _shown(cost_usd), "a finite number >= 0 and below 1e9, or None"
+                )
         else:
             cost = self._price(model, provider, input_tokens, output_tokens)
         nano = round(cost * NANO) if cost is not None else 0
@@ -817,7 +659,7 @@ class Guard:
             last = self._last_step
             if self._cause is not None and last is None:
                 if self._step_after_stop:
-                    self._step_after_stop = False  # the step already counted
+                    self._step_after_stop = False  # the before_step of this call counted it
                 else:
                     self._after_model += 1
                 self._raise_if_stopped()
@@ -825,25 +667,28 @@ class Guard:
                 self._unpriced += 1
             items: list[tuple[str, int]] = []
             for scope in self._chain:
-                k = scope.key
+                keys = scope.keys
                 items += (
-                    (k + "input_tokens", input_tokens),
-                    (k + "output_tokens", output_tokens),
-                    (k + "cost_nusd", nano),
+                    (keys.input_tokens, input_tokens),
+                    (keys.output_tokens, output_tokens),
+                    (keys.cost_nusd, nano),
                 )
             try:
-                totals = self._ledger.add(items)
+                totals = self._view.add(items)
             except StoreUnavailable:
+                self._view.count_locally(items)
                 if last is not None:
                     return last[0]
-                reason, name = self._usage_reason()
-                self._unavailable(reason, name, now)
+                if self._usage_limited:
+                    self._unavailable_usage(now)
+                return OK
             worst, worst_limits = OK, self.limits
-            for i, scope in enumerate(self._chain):
+            for scope in self._chain:
+                used = Usage.read(scope.keys, totals)
                 counters = RunCounters(
-                    input_tokens=totals[3 * i],
-                    output_tokens=totals[3 * i + 1],
-                    cost_usd=totals[3 * i + 2] / NANO,
+                    input_tokens=used.input_tokens,
+                    output_tokens=used.output_tokens,
+                    cost_usd=used.cost_nusd / NANO,
                     elapsed_s=now - scope.start_s,
                 )
                 stop = check_usage(scope.limits, counters)
@@ -858,68 +703,46 @@ class Guard:
                     worst, worst_limits = adv, scope.limits
             if last is not None:
                 if self._final is None and self._cause is None:
-                    self._final = self._last_stop(*last)
+                    self._final = last_step_stop(*last, self._steps)
                 return last[0]
             if worst.level is Level.RESTRICT:
                 self._restricted = refused(worst_limits, worst)
             return worst
 
-    def _last_stop(self, advisory: Advisory, limits: Limits) -> Stop:
-        """The stop a run ends on after the last step ``advisory`` restricted."""
-        name = advisory.limit_name or ""
-        if name == "max_steps":
-            natural = check_before_step(
-                replace(limits, max_duration_s=None), RunCounters(steps=self._steps)
-            )
-            if isinstance(natural, Stop):
-                return natural
-        limit = getattr(limits, name, None)
-        value = float(limit) if isinstance(limit, (int, float)) else 0.0
-        remaining = advisory.remaining if advisory.remaining is not None else 0.0
-        used = max(value - remaining, 0.0)
-        return Stop(
-            reason=_LIMIT_REASONS.get(name, StopReason.MAX_STEPS),
-            limit_name=name,
-            limit=value,
-            observed=used,
-            counter=name.removeprefix("max_"),
-            used=used,
-            message=(
-                f"The run's last step ran near its {name} limit and was told to answer without "
-                f"tools; the run ends there. Raise Limits({name}=...) for longer runs"
-            ),
-        )
-
     # -- sub-agents -------------------------------------------------------------------------
 
     def subagent(
-        self, limits: Limits = NO_LIMITS, *, loop_policy: LoopPolicy | str | None = "inherit"
+        self, limits: Limits = NO_LIMITS, *, loop_policy: LoopPolicy | Inherit | None = INHERIT
     ) -> Guard:
         """Start a sub-agent: a child guard that spends from this run's budget.
 
         The child has its own ``limits`` (for it alone, e.g. tighter) and also consumes
         from every ancestor's shared counters (tool calls, per-tool counts, tokens, cost,
         sub-agents) and deadline, through the same ledger. Steps, duplicates and the
-        no-progress streak are per run.
+        no-progress streak are per run. ``loop_policy`` defaults to this run's
+        (:data:`~tripwire.guard.INHERIT`); ``None`` switches the child's loop detection off.
 
         Raises:
             BudgetExceeded: ``max_subagents`` (of this run or an ancestor) would be exceeded.
         """
+        if loop_policy is not None and not isinstance(loop_policy, (LoopPolicy, Inherit)):
+            raise ConfigError("loop_policy", loop_policy, "a LoopPolicy, None or INHERIT")
         now = self._clock()
         with self._lock:
             self._raise_if_stopped()
-            items = [(s.key + "subagents", 1, s.limits.max_subagents) for s in self._chain]
+            charges = [plan_subagent(s.limits) for s in self._chain]
+            keys = [s.keys.subagents for s in self._chain]
+            items = [(k, 1, c.cap) for k, c in zip(keys, charges, strict=True)]
             try:
-                index, totals = self._ledger.reserve(items)
+                reservation = self._view.reserve(items)
             except StoreUnavailable:
-                self._unavailable(StopReason.MAX_SUBAGENTS, "max_subagents", now)
-            if index >= 0:
-                charge = plan_subagent(self._chain[index].limits)
-                self._stop_with(charge_stop(charge, totals[index]), now)
+                self._unavailable_reserve(items, charges, now)
+            else:
+                if reservation.refused is not None:
+                    i = reservation.refused
+                    self._stop_with(charge_stop(charges[i], reservation.totals[i]), now)
             self._children += 1
-            policy = self.loop_policy if loop_policy == "inherit" else loop_policy
-            if isinstance(policy, str):
-                raise ConfigError("loop_policy", policy, "a LoopPolicy, None or 'inherit'")
+            policy = self.loop_policy if isinstance(loop_policy, Inherit) else loop_policy
             return Guard(
                 limits,
                 loop_policy=policy,
@@ -947,6 +770,7 @@ class Guard:
         Raises:
             BudgetExceeded: reason ``max_duration``; ``limit_name`` is ``tool_timeout_s``
                 for the tool's own timeout, ``max_duration_s`` when the run deadline cut it.
+            ConfigError: ``seconds`` is not a number ``> 0`` (checked before ``fn`` runs).
         """
         limit, name, now = self._timeout_for(seconds)
         if limit is None:
@@ -1004,7 +828,7 @@ class Guard:
         return await self._offload(lambda: self.record_usage(**usage))
 
     async def _offload(self, fn: Callable[[], _T]) -> _T:
-        if self._ledger.remote:
+        if self._view.remote:
             return await asyncio.to_thread(fn)
         return fn()
 
@@ -1016,12 +840,14 @@ class Guard:
         After a last step (``before_step`` returned ``restrict``) the stop reason stays the
         limit that step was told about.
         """
+        if not isinstance(reason, StopReason):
+            raise ConfigError("reason", reason, "a StopReason")
         with self._lock:
             if self._cause is None and self._finished is None:
                 self._finished = reason
                 self._ended_s = self._clock()
                 if self._last_step is not None and self._final is None:
-                    self._final = self._last_stop(*self._last_step)
+                    self._final = last_step_stop(*self._last_step, self._steps)
 
     @property
     def after_stop(self) -> AfterStop | None:
@@ -1064,7 +890,7 @@ class Guard:
         self,
         agent: str,
         *,
-        end: Any = None,
+        end: rc.EndKind | None = None,
         reason: StopReason | None = None,
         **fields: Any,
     ) -> StopReceipt:
@@ -1082,26 +908,20 @@ class Guard:
             reason: the stop reason, when the guard did not record one (e.g. the runner knows
                 the user cancelled); default the guard's (:attr:`reason`). A run that was
                 neither stopped nor finished has none: call :meth:`finish` when the model
-                answers, or its receipt explains as ``uncertain``.
+                answers, or its receipt explains as ``uncertain`` (the guard warns once).
             **fields: further ``StopReceipt`` fields (``outcomes``, ``requires_outcome``…).
         """
+        if reason is not None and not isinstance(reason, StopReason):
+            raise ConfigError("reason", reason, "a StopReason or None")
         with self._lock:
             snap = self._snapshot(self._clock())
             after = self.after_stop
         if reason is None:
             reason = snap.reason
-        elif not isinstance(reason, StopReason):
-            raise ConfigError("reason", reason, "a StopReason or None")
         if reason is None:
             _warn_unfinished()
         if end is None and reason is not None:
-            end = {
-                StopReason.COMPLETED: rc.EndKind.NATURAL_FINISH,
-                StopReason.USER_CANCELLED: rc.EndKind.USER_ABORT,
-                StopReason.MAX_DURATION: rc.EndKind.TIMEOUT,
-                StopReason.TOOL_ERROR: rc.EndKind.TOOL_FAILURE,
-                StopReason.APPROVAL_REQUIRED: rc.EndKind.APPROVAL_REQUESTED,
-            }.get(reason, rc.EndKind.STOP_CONDITION)
+            end = _END_KINDS.get(reason, rc.EndKind.STOP_CONDITION)
         c = snap.counters
         counters = rc.Counters(
             steps=c.steps,
@@ -1111,9 +931,7 @@ class Guard:
             cost_usd=None if c.unpriced_calls and not c.cost_usd else c.cost_usd,
             duration_s=c.elapsed_s,
         )
-        extra: dict[str, Any] = {}
-        if after is not None and "after_stop" not in fields:
-            extra["after_stop"] = after
+        fields.setdefault("after_stop", after)
         return rc.StopReceipt(
             run_id=self.run_id,
             agent=agent,
@@ -1126,26 +944,13 @@ class Guard:
             verdict=snap.verdict,
             started_at=self._started_at,
             ended_at=self._started_at + c.elapsed_s,
-            **extra,
             **fields,
         )
 
     # -- internals --------------------------------------------------------------------------
 
-    def _plan(self, tools: Sequence[str]) -> _Plan:
-        items: list[tuple[str, int, int | None]] = []
-        meta: list[tuple[int, Charge, float | None]] = []
-        capped = False
-        for i, scope in enumerate(self._chain):
-            advise = scope.limits.levels.advise
-            for charge in plan_tool_calls(scope.limits, tools):
-                items.append((scope.key + charge.counter, charge.amount, charge.cap))
-                threshold = None
-                if charge.cap is not None and advise is not None:
-                    threshold = min(charge.cap * advise, charge.cap)
-                meta.append((i, charge, threshold))
-                capped = capped or threshold is not None
-        return items, meta, capped
+    def _plan(self, tools: Sequence[str]) -> ToolPlan:
+        return ToolPlan.build(((s.keys, s.limits) for s in self._chain), tools)
 
     def _time_refusal(self, now: float) -> Advisory:
         for scope in self._chain:
@@ -1156,52 +961,34 @@ class Guard:
                     return refused(scope.limits, adv)
         return OK  # pragma: no cover - _restrict_at comes from these scopes
 
-    def _read_usage(self) -> list[int] | None:
-        if not any(s.limits.has_usage_limits() for s in self._chain):
+    def _read_usage(self, now: float) -> list[Usage] | None:
+        """Each scope's tokens and cost from the ledger (``None`` without usage limits)."""
+        if not self._usage_limited:
             return None
-        keys = [
-            s.key + c for s in self._chain for c in ("input_tokens", "output_tokens", "cost_nusd")
-        ]
+        keys = [k for s in self._chain for k in s.keys.usage()]
         try:
-            return self._ledger.get(keys)
+            totals = self._view.get(keys)
         except StoreUnavailable:
-            reason, name = self._usage_reason()
-            self._unavailable(reason, name, self._clock())
+            self._unavailable_usage(now)
+        return [Usage.read(s.keys, totals) for s in self._chain]
 
-    def _usage_counters(self, i: int, shared: list[int] | None, now: float) -> RunCounters:
+    def _usage_counters(self, i: int, usage: list[Usage] | None, now: float) -> RunCounters:
         scope = self._chain[i]
-        tokens_in = tokens_out = nano = 0
-        if shared is not None:
-            tokens_in, tokens_out, nano = shared[3 * i : 3 * i + 3]
+        used = usage[i] if usage is not None else Usage()
         return RunCounters(
             steps=self._steps if i == 0 else 0,
             no_progress_steps=self._no_progress if i == 0 else 0,
-            input_tokens=tokens_in,
-            output_tokens=tokens_out,
-            cost_usd=nano / NANO,
+            input_tokens=used.input_tokens,
+            output_tokens=used.output_tokens,
+            cost_usd=used.cost_nusd / NANO,
             elapsed_s=now - scope.start_s,
         )
-
-    def _usage_reason(self) -> tuple[StopReason, str]:
-        for scope in self._chain:
-            lim = scope.limits
-            for name, reason in (
-                ("max_cost_usd", StopReason.MAX_COST),
-                ("max_input_tokens", StopReason.MAX_INPUT_TOKENS),
-                ("max_output_tokens", StopReason.MAX_OUTPUT_TOKENS),
-                ("max_total_tokens", StopReason.MAX_TOTAL_TOKENS),
-            ):
-                if getattr(lim, name) is not None:
-                    return reason, name
-        return StopReason.MAX_TOTAL_TOKENS, "max_total_tokens"
 
     def _price(
         self, model: str | None, provider: str | None, tokens_in: int, tokens_out: int
     ) -> float | None:
-        if self._pricer.enabled and model is not None:
-            return self._pricer.cost(model, provider, tokens_in, tokens_out)
-        if not any(s.limits.max_cost_usd is not None for s in self._chain):
-            return None  # nothing to enforce: no warning for an unpriced call
+        if (model is None or not self._pricer.enabled) and not self._cost_limited:
+            return None  # nothing to enforce: an unpriced call needs no warning
         return self._pricer.cost(model, provider, tokens_in, tokens_out)
 
     def _timeout_for(self, seconds: float | None) -> tuple[float | None, str, float]:
@@ -1240,54 +1027,55 @@ class Guard:
                 stop = check_duration(scope.limits, run_elapsed, f"{label} call")
                 assert stop is not None
                 self._stop_with(stop, now)
-            self._stop_with(
-                Stop(
-                    reason=StopReason.MAX_DURATION,
-                    limit_name=name,
-                    limit=limit,
-                    observed=elapsed,
-                    counter="tool_duration_s",
-                    used=elapsed,
-                    message=(
-                        f"{label} did not finish within {name}={limit:g} s; the call was "
-                        "abandoned. Answer from the work done so far, or raise "
-                        "Limits(tool_timeout_s=...)"
-                    ),
-                    tool=label,
-                ),
-                now,
-            )
+            self._stop_with(timeout_stop(label, name, limit, elapsed), now)
 
-    def _unavailable_for(
-        self, meta: list[tuple[int, Charge, float | None]], now: float
-    ) -> NoReturn:
-        capped = [charge for _, charge, _ in meta if charge.cap is not None]
-        charge = capped[0] if capped else meta[-1][1]
-        self._unavailable(charge.reason, charge.limit_name, now)
+    def _reserve(self, plan: ToolPlan, now: float) -> tuple[int, ...]:
+        """Reserve ``plan`` in the ledger, or stop the run at the cap it would exceed."""
+        try:
+            reservation = self._view.reserve(plan.items)
+        except StoreUnavailable:
+            return self._unavailable_reserve(plan.items, [p.charge for p in plan.charges], now)
+        refused_at = reservation.refused
+        if refused_at is not None:
+            charge = plan.charges[refused_at].charge
+            self._stop_with(charge_stop(charge, reservation.totals[refused_at]), now)
+        return reservation.totals
 
-    def _unavailable(self, reason: StopReason, limit_name: str, now: float) -> NoReturn:
-        limit = getattr(self.limits, limit_name, None)
+    def _unavailable_reserve(
+        self, items: Sequence[tuple[str, int, int | None]], charges: Sequence[Any], now: float
+    ) -> tuple[int, ...]:
+        """The ledger is unreachable (``fail_closed``): stop when a cap is at stake, else
+        count locally and go on (nothing is enforced that could be exceeded)."""
+        for (key, _, cap), charge in zip(items, charges, strict=True):
+            if cap is not None:
+                used = self._view.last([key])[key]
+                counter = charge.counter.removeprefix("tool:")
+                if charge.tool:
+                    counter += " calls"
+                self._stop_with(
+                    unavailable_stop(charge.reason, charge.limit_name, cap, counter, used), now
+                )
+        self._view.count_locally([(k, amount) for k, amount, _ in items])
+        last = self._view.last([k for k, _, _ in items])
+        return tuple(last[k] for k, _, _ in items)
+
+    def _unavailable_usage(self, now: float) -> NoReturn:
+        """The ledger is unreachable (``fail_closed``) while tokens or cost must be checked."""
         for scope in self._chain:
-            value = getattr(scope.limits, limit_name, None)
-            if isinstance(value, (int, float)):
-                limit = value
-                break
-        self._stop_with(
-            Stop(
-                reason=reason,
-                limit_name=limit_name,
-                limit=float(limit) if isinstance(limit, (int, float)) else float("nan"),
-                observed=float("nan"),
-                counter="ledger",
-                used=float("nan"),
-                message=(
-                    f"The shared budget ledger is unreachable and on_unavailable='fail_closed': "
-                    f"{limit_name} cannot be checked, so the run stops. Restore the ledger, or "
-                    "choose on_unavailable='fail_open'"
-                ),
-            ),
-            now,
-        )
+            lim = scope.limits
+            for name, reason, counter in _USAGE_LIMITS:
+                limit = getattr(lim, name)
+                if limit is None:
+                    continue
+                used = Usage.read(scope.keys, self._view.last(scope.keys.usage()))
+                value: float = {
+                    "cost_usd": used.cost_nusd / NANO,
+                    "input_tokens": used.input_tokens,
+                    "output_tokens": used.output_tokens,
+                    "total_tokens": used.input_tokens + used.output_tokens,
+                }[counter]
+                self._stop_with(unavailable_stop(reason, name, limit, counter, value), now)
+        raise AssertionError("called without a usage limit")  # pragma: no cover
 
     def _stop_with(self, cause: Stop | Assessment, now: float) -> NoReturn:
         """Record why the run stopped (first cause wins) and raise. Call with the lock held."""
@@ -1325,37 +1113,35 @@ class Guard:
             return None
 
     def _snapshot(self, now: float) -> GuardSnapshot:
-        scope = self._chain[0]
+        keys = self._chain[0].keys
         tools = sorted(self._tools_seen)
-        keys = [
-            scope.key + c
-            for c in ("tool_calls", "input_tokens", "output_tokens", "cost_nusd", "subagents")
-        ]
-        keys += [scope.key + "tool:" + t for t in tools]
+        names = [keys.tool_calls, *keys.usage(), keys.subagents]
+        names += [keys.tool(t) for t in tools]
         try:
-            values = self._ledger.get(keys)
+            totals = self._view.get(names)
         except StoreUnavailable:
-            values = [0] * len(keys)
-        by_tool = {t: v for t, v in zip(tools, values[5:], strict=True) if v}
+            totals = self._view.last(names)  # the last totals the ledger reported
+        used = Usage.read(keys, totals)
+        by_tool = {t: n for t in tools if (n := totals[keys.tool(t)])}
         end = self._ended_s if self._ended_s is not None else now
         counters = RunCounters(
             steps=self._steps,
-            tool_calls=values[0],
+            tool_calls=totals[keys.tool_calls],
             tool_calls_by_tool=by_tool,
             max_duplicates=max(self._dups.values(), default=0),
-            input_tokens=values[1],
-            output_tokens=values[2],
-            cost_usd=values[3] / NANO,
+            input_tokens=used.input_tokens,
+            output_tokens=used.output_tokens,
+            cost_usd=used.cost_nusd / NANO,
             unpriced_calls=self._unpriced,
-            elapsed_s=max(end - scope.start_s, 0.0),
+            elapsed_s=max(end - self._chain[0].start_s, 0.0),
             no_progress_steps=self._no_progress,
-            subagents=values[4],
+            subagents=totals[keys.subagents],
         )
         cause = self._cause
-        state = self._state
         verdict = Verdict.WORKING
-        if self._loops and state.current is not None:
-            verdict = state.current.verdict
+        current = self._state.current
+        if self._loops and current is not None:
+            verdict = current.verdict
         if isinstance(cause, Assessment):
             verdict = cause.verdict
         return GuardSnapshot(
