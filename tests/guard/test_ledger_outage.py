@@ -6,6 +6,7 @@ a TCP proxy on loopback that the test closes (dropping every connection) and reo
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import uuid
@@ -50,18 +51,14 @@ class Proxy:
         """Refuse new connections and cut every open one."""
         listener, self._listener = self._listener, None
         if listener is not None:
-            try:
+            with contextlib.suppress(OSError):
                 listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (Linux)
-            except OSError:
-                pass
             listener.close()
         with self._lock:
             conns, self._conns = self._conns, []
         for conn in conns:
-            try:
+            with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             conn.close()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -85,10 +82,8 @@ class Proxy:
             pass
         finally:
             for s in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     s.close()
-                except OSError:
-                    pass
 
 
 class FakeClock:

@@ -221,6 +221,9 @@ class Guard:
             parents = _parent._chain
             self._tools_seen = _parent._tools_seen
             self._pricer = _parent._pricer
+        view = self._view
+        self._reserve_items = view.reserve if view.remote else view.ledger.reserve
+        """The ledger's reserve (through the view only when the view keeps its totals)."""
         self._chain: tuple[_Scope, ...] = (_Scope(keys, limits, start, deadline, restrict_at), *parents)
         self._restrict_at = min(
             (s.restrict_s for s in self._chain if s.restrict_s is not None), default=float("inf")
@@ -1032,7 +1035,7 @@ class Guard:
     def _reserve(self, plan: ToolPlan, now: float) -> tuple[int, ...]:
         """Reserve ``plan`` in the ledger, or stop the run at the cap it would exceed."""
         try:
-            reservation = self._view.reserve(plan.items)
+            reservation = self._reserve_items(plan.items)
         except StoreUnavailable:
             return self._unavailable_reserve(plan.items, [p.charge for p in plan.charges], now)
         refused_at = reservation.refused

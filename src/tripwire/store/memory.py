@@ -12,6 +12,8 @@ from tripwire.store.base import Record, Reservation
 
 __all__ = ["MemoryIdempotencyStore", "MemoryLedger"]
 
+_granted = tuple.__new__
+
 
 class MemoryLedger:
     """Counters in a dict under a lock; shared by a parent run and its in-process sub-agents."""
@@ -32,13 +34,13 @@ class MemoryLedger:
             for key, amount, cap in items:
                 total = get(key, 0) + amount
                 if cap is not None and total > cap:
-                    return Reservation(
-                        totals=tuple(get(k, 0) for k, _, _ in items), refused=len(totals)
-                    )
+                    return Reservation(tuple(get(k, 0) for k, _, _ in items), len(totals))
                 totals.append(total)
             for (key, _, _), total in zip(items, totals, strict=True):
                 counts[key] = total
-            return Reservation(totals=tuple(totals))
+            # tuple.__new__ skips the named tuple's Python-level __new__: this runs before
+            # every tool call (bench_guard).
+            return _granted(Reservation, (tuple(totals), None))
 
     def add(self, items: Sequence[tuple[str, int]]) -> list[int]:
         """See :meth:`tripwire.store.base.Ledger.add`."""
