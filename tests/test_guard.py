@@ -963,3 +963,42 @@ def test_a_timeout_that_is_not_a_positive_number_is_refused_before_the_tool_runs
     with pytest.raises(ConfigError) as info:
         guard.timeout(lambda: ran.append(1), seconds)
     assert info.value.field == "seconds" and ran == []
+
+
+# -- memory: bounded in bytes whatever the tool names (issue 16) ---------------------------
+
+
+def test_long_tool_names_are_counted_under_clipped_names() -> None:
+    a, b = "t" * 300_000 + "a", "t" * 300_000 + "b"
+    guard = Guard(Limits(default_tool_cap=1), loop_policy=None)
+    guard.before_tool(a, {})
+    guard.before_tool(b, {})  # another tool: its own cap
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_tool(a, {})
+    assert info.value.reason is StopReason.MAX_TOOL_CALLS_FOR_TOOL
+    names = guard.snapshot().counters.tool_calls_by_tool
+    assert len(names) == 2 and all(len(n) < 100 for n in names)
+
+
+def test_a_run_with_huge_distinct_tool_names_keeps_bounded_memory() -> None:
+    # The guard's own memory (its plans, per-tool counters and names shown); the signature
+    # normalizer's caches, used when the loop watcher is on, are bounded on their own.
+    import gc
+    import tracemalloc
+
+    guard = Guard(loop_policy=None)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(300):
+            name = f"{i:04d}" + "x" * 100_000  # 300 distinct 100 kB names: 30 MB in all
+            guard.before_tool(name, {"i": i})
+            guard.after_tool(name, {"i": i}, ToolResult.success("ok"))
+            del name
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert guard.snapshot().counters.tool_calls == 300
+    assert kept < 3_000_000, kept  # a few names at most, not every one

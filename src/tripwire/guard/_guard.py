@@ -49,7 +49,7 @@ from tripwire.guard._decide import (
     unavailable_stop,
     wrap_up_advisory,
 )
-from tripwire.guard._ledger import LedgerView, ScopeKeys, ToolPlan, Usage
+from tripwire.guard._ledger import MAX_TOOL_NAME, LedgerView, ScopeKeys, ToolPlan, Usage, tool_key
 from tripwire.guard._values import INHERIT, GuardSnapshot, Inherit, OnLoop
 from tripwire.prices import PriceFn, Pricer, genai_price, usable_cost
 from tripwire.store.base import Ledger, StoreUnavailable
@@ -62,6 +62,10 @@ logger = logging.getLogger("tripwire.guard")
 _T = TypeVar("_T")
 _PENDING_MAX: Final = 1024
 """Signatures computed before a call, kept for its ``after_tool`` (bounded: cleared when full)."""
+_PLANS_MAX: Final = 256
+"""Ledger plans cached per tool (bounded: cleared when full)."""
+_TOOLS_SHOWN_MAX: Final = 256
+"""Distinct tools a run's snapshot lists per tool (all are counted in the total)."""
 
 _RETRY_ONLY: Final = LoopPolicy(
     name="retry-only",
@@ -249,6 +253,7 @@ class Guard:
         self._inflight = 0
         """Tool calls allowed whose ``after_tool`` has not come yet (a batch still running)."""
         self._plans: dict[str, ToolPlan] = {}
+        """Ledger plans by (clipped) tool name."""
         self._last_progress: str | None = None
         self._no_progress = 0
         self._unpriced = 0
@@ -379,13 +384,16 @@ class Guard:
                     stop = check_duplicates(self.limits, self._dups, ((tool, sig.key),))
                     assert stop is not None
                     self._stop_with(stop, now)
-            plan = self._plans.get(tool)
+            name = tool if len(tool) <= MAX_TOOL_NAME else tool_key(tool)
+            plan = self._plans.get(name)
             if plan is None:
-                plan = self._plans[tool] = self._plan((tool,))
+                if len(self._plans) >= _PLANS_MAX:
+                    self._plans.clear()
+                plan = self._plans[name] = self._plan((name,))
             totals = self._reserve(plan, now)
             self._inflight += 1
-            if tool not in self._tools_seen:
-                self._tools_seen.add(tool)
+            if name not in self._tools_seen and len(self._tools_seen) < _TOOLS_SHOWN_MAX:
+                self._tools_seen.add(name)
             if sig is not None:
                 self._dups[sig.key] = self._dups.get(sig.key, 0) + 1
                 pending = self._pending
@@ -444,13 +452,14 @@ class Guard:
                 stop = check_duplicates(self.limits, self._dups, [(s.tool, s.key) for s in sigs])
                 if stop is not None:
                     self._stop_with(stop, now)
-            plan = self._plan([tool for tool, _ in batch])
+            names = [tool_key(tool) for tool, _ in batch]
+            plan = self._plan(names)
             totals = self._reserve(plan, now)
             self._inflight += len(batch)
             seen = self._tools_seen
-            for tool, _ in batch:
-                if tool not in seen:
-                    seen.add(tool)
+            for name in names:
+                if name not in seen and len(seen) < _TOOLS_SHOWN_MAX:
+                    seen.add(name)
             if sigs is not None:
                 dups, pending = self._dups, self._pending
                 if len(pending) >= _PENDING_MAX:

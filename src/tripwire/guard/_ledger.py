@@ -7,6 +7,7 @@ one place, :class:`ScopeKeys`, and every total is read back by that name, never 
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -15,10 +16,22 @@ from typing import Final
 from tripwire.core.budget import Charge, Limits, plan_tool_calls
 from tripwire.store.base import Ledger, Reservation
 
-__all__ = ["LedgerView", "PlannedCharge", "ScopeKeys", "ToolPlan", "Usage"]
+__all__ = ["MAX_TOOL_NAME", "LedgerView", "PlannedCharge", "ScopeKeys", "ToolPlan", "Usage", "tool_key"]
 
 _MAX_SEEN: Final = 4096
 """How many counters' last totals a view remembers (bounded in count; oldest forgotten first)."""
+MAX_TOOL_NAME: Final = 256
+"""Longer tool names are counted under a clipped name: the first 64 characters and a digest of
+the whole (the same in every process, so a shared ledger agrees), bounding the bytes a run
+keeps per tool whatever the names."""
+
+
+def tool_key(tool: str) -> str:
+    """The name a tool is counted under (itself, or clipped when longer than MAX_TOOL_NAME)."""
+    if len(tool) <= MAX_TOOL_NAME:
+        return tool
+    digest = hashlib.blake2b(tool.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    return f"{tool[:64]}…#{digest}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +73,13 @@ class ScopeKeys:
         return ScopeKeys.at(f"{self.prefix}{number}:")
 
     def tool(self, name: str) -> str:
-        """The per-tool counter of ``name``."""
-        return f"{self.prefix}tool:{name}"
+        """The per-tool counter of ``name`` (a long name is clipped: :func:`tool_key`)."""
+        return f"{self.prefix}tool:{tool_key(name)}"
 
     def of(self, charge: Charge) -> str:
         """The counter a budget :class:`~tripwire.core.budget.Charge` adds to."""
+        if charge.tool is not None:
+            return self.tool(charge.tool)
         return self.prefix + charge.counter
 
     def usage(self) -> tuple[str, str, str]:
