@@ -663,8 +663,11 @@ class Guard:
                 raise ConfigError(
                     "cost_usd", _shown(cost_usd), "a finite number >= 0 and below 1e9, or None"
                 )
+        elif (model is None or not self._pricer.enabled) and not self._cost_limited:
+            cost = None  # nothing to enforce: an unpriced call needs no warning
         else:
-            cost = self._price(model, provider, input_tokens, output_tokens)
+            # Called from here so that the warning points at the caller of record_usage.
+            cost = self._pricer.cost(model, provider, input_tokens, output_tokens)
         nano = round(cost * NANO) if cost is not None else 0
         now = self._clock()
         with self._lock:
@@ -995,13 +998,6 @@ class Guard:
             cost_usd=used.cost_nusd / NANO,
             elapsed_s=now - scope.start_s,
         )
-
-    def _price(
-        self, model: str | None, provider: str | None, tokens_in: int, tokens_out: int
-    ) -> float | None:
-        if (model is None or not self._pricer.enabled) and not self._cost_limited:
-            return None  # nothing to enforce: an unpriced call needs no warning
-        return self._pricer.cost(model, provider, tokens_in, tokens_out)
 
     def _timeout_for(self, seconds: float | None) -> tuple[float | None, str, float]:
         if seconds is not None and (
