@@ -581,12 +581,12 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
         with self._lock:
             gated = call_id in self._gated
             self._gated.discard(call_id)
+        if gated:
+            return  # wrap_tool_call already checked this call, and reports its result
         with self._lock:
             self._tools[run_id] = (name, arguments)
             while len(self._tools) > _MAX_RUNS * 16:
                 self._tools.popitem(last=False)
-        if gated:
-            return  # wrap_tool_call already checked this call
         if run.before_tool(name, arguments) is not None:
             # A callback cannot hand a refusal to the model in place of the result; with
             # on_loop="nudge" the ToolNode interceptor (wrap_tool_call) does that.
