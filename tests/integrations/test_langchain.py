@@ -232,3 +232,19 @@ async def test_one_handler_judges_concurrent_tasks_separately() -> None:
         graphs.append(create_agent(model, make_tools(counters)))
     outs = await asyncio.gather(*(handler.ainvoke(g, INPUT, CONFIG) for g in graphs))
     assert [o["messages"][-1].content for o in outs] == ["done"] * 4
+
+
+def test_a_refusal_a_callback_cannot_deliver_is_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    counters = Counters()
+    handler = TripwireCallbackHandler(Limits(max_steps=3))
+    graph = create_agent(
+        ScriptedChatModel(script=stubborn(healthy_calls()), counters=counters),
+        make_tools(counters),
+    )
+    with caplog.at_level("WARNING", logger="tripwire.integrations"):
+        out = handler.invoke(graph, INPUT, CONFIG)
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.MAX_STEPS
+    assert caplog.text.count("cannot replace a tool's result") == 1
+    assert counters.tool_bodies == 3  # the refused 3rd call ran: no interceptor on this graph

@@ -37,6 +37,7 @@ handler or middleware serves many runs at once, in threads or asyncio tasks.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import uuid
 from collections import OrderedDict
@@ -70,6 +71,8 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     ) from exc
 
 __all__ = ["TripwireCallbackHandler", "TripwireMiddleware", "TripwireState"]
+
+logger = logging.getLogger("tripwire.integrations")
 
 _MAX_RUNS: Final = 4096
 """Most runs one middleware or handler tracks at once (the oldest is dropped past it)."""
@@ -190,6 +193,8 @@ class _ToolGate:
         if run is None:
             return None, None
         call = request.tool_call
+        if run.stopped is not None:  # a sibling in the batch of the call that stopped the run
+            return run, _tool_message(request, str(run.stopped), error=True)
         try:
             refusal = run.before_tool(call["name"], call.get("args", {}))
         except RunStopped as exc:
@@ -418,6 +423,7 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
         self._gated: set[str] = set()
         """Tool call ids already checked by :meth:`wrap_tool_call` (not checked twice)."""
         self._lock = threading.Lock()
+        self._warned = False
 
     # -- run bookkeeping --------------------------------------------------------------------
 
@@ -581,16 +587,23 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
         with self._lock:
             gated = call_id in self._gated
             self._gated.discard(call_id)
+            if not gated:  # else wrap_tool_call checks it and feeds its result to the watcher
+                self._tools[run_id] = (name, arguments)
+                while len(self._tools) > _MAX_RUNS * 16:
+                    self._tools.popitem(last=False)
         if gated:
-            return  # wrap_tool_call already checked this call, and reports its result
-        with self._lock:
-            self._tools[run_id] = (name, arguments)
-            while len(self._tools) > _MAX_RUNS * 16:
-                self._tools.popitem(last=False)
-        if run.before_tool(name, arguments) is not None:
-            # A callback cannot hand a refusal to the model in place of the result; with
-            # on_loop="nudge" the ToolNode interceptor (wrap_tool_call) does that.
             return
+        if run.before_tool(name, arguments) is not None and not self._warned:
+            # A callback cannot hand a refusal to the model in place of the result; the
+            # ToolNode interceptor (wrap_tool_call) does that. Say so once, not silently.
+            self._warned = True
+            logger.warning(
+                "tripwire refused a %s call (nudge or a budget near its end) but a callback "
+                "cannot replace a tool's result, so it ran; pass "
+                "ToolNode(tools, wrap_tool_call=handler.wrap_tool_call) to hand refusals "
+                "to the model",
+                name,
+            )
 
     def on_tool_end(
         self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any

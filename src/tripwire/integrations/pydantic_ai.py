@@ -239,6 +239,8 @@ class Tripwire(AbstractCapability[Any]):
         handler: Callable[..., Any],
     ) -> Any:
         run = self._control(ctx)
+        if run.stopped is not None:  # a sibling in the batch of the call that stopped the run
+            raise run.stopped
         arguments = call.args_as_dict()
         refusal = run.before_tool(call.tool_name, arguments)
         if refusal is not None:
