@@ -7,6 +7,7 @@ import pickle
 import threading
 import uuid
 import warnings
+from typing import Any
 
 import pytest
 
@@ -1002,3 +1003,20 @@ def test_a_run_with_huge_distinct_tool_names_keeps_bounded_memory() -> None:
         tracemalloc.stop()
     assert guard.snapshot().counters.tool_calls == 300
     assert kept < 3_000_000, kept  # a few names at most, not every one
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda g: g.before_tool(None, {}),
+        lambda g: g.before_tool(b"search", {}),
+        lambda g: g.before_tools([("a", {}), "b"]),
+        lambda g: g.before_tools([(1, {}), ("b", {})]),
+        lambda g: g.after_tool(7, {}),
+        lambda g: g.after_tool("a", {}, "ok"),
+    ],
+)
+def test_wrong_types_are_config_errors_not_type_errors(call: Any) -> None:
+    for guard in (Guard(), Guard(loop_policy=None)):
+        with pytest.raises(ConfigError):
+            call(guard)

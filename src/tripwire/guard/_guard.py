@@ -363,6 +363,8 @@ class Guard:
 
     def before_tool(self, tool: str, arguments: Any = ABSENT) -> Advisory:
         """Call before running one tool call; see :meth:`before_tools` (the hot path)."""
+        if not isinstance(tool, str):
+            raise ConfigError("tool", tool, "a tool name (str)")
         now = self._clock() if self._timed else 0.0
         with self._lock:
             if self._cause is not None:
@@ -429,6 +431,9 @@ class Guard:
             RunStopped: the run was already stopped (counted in :attr:`after_stop`).
         """
         batch = list(calls)
+        for call in batch:
+            if not isinstance(call, tuple) or len(call) != 2 or not isinstance(call[0], str):
+                raise ConfigError("calls", call, "(tool name, arguments) pairs")
         if len(batch) == 1:
             return self.before_tool(*batch[0])
         now = self._clock()
@@ -547,6 +552,10 @@ class Guard:
                 :attr:`after_stop`); a call allowed before the stop that finishes after it
                 returns ``None``.
         """
+        if not isinstance(tool, str):
+            raise ConfigError("tool", tool, "a tool name (str)")
+        if result is not None and not isinstance(result, ToolResult):
+            raise ConfigError("result", result, "a ToolResult or None")
         with self._lock:
             if self._inflight:
                 self._inflight -= 1
