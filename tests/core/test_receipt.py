@@ -735,3 +735,56 @@ def test_the_constructors_still_validate() -> None:
     with pytest.raises(ConfigError) as info:
         receipt(outcomes=("done",))
     assert info.value.field == "StopReceipt.outcomes"
+
+
+# --- why an outcome check failed -----------------------------------------------------------
+
+
+def outcome(**fields: object) -> OutcomeReceipt:
+    base: dict[str, object] = {
+        "kind": VerifierKind.SQL,
+        "target": "sqlite:///app.db :: SELECT status FROM invoices",
+        "checked_at": T0,
+        "passed": False,
+        "checked_by": "tripwire.verify.sql",
+    }
+    base.update(fields)
+    return OutcomeReceipt(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        (
+            {"observed": {"row": True, "status": "sent"}, "expected": {"row": True, "status": "paid"}},
+            "status: expected 'paid', observed 'sent'",
+        ),
+        ({"observed": {"row": False}, "expected": {"row": True, "status": "paid"}}, "row: expected True, observed False"),
+        (
+            {"kind": VerifierKind.FILE, "observed": {"exists": True, "size": 10}, "expected": {"exists": True, "min_size": 1024}},
+            "size=10 below min_size=1024",
+        ),
+        (
+            {"observed": {"row": True, "missing_columns": "total"}, "expected": {"row": True, "total": 5}},
+            "missing columns: total",
+        ),
+        ({"error": "timed out after 10 s"}, "timed out after 10 s"),
+        ({}, "the check did not pass"),
+    ],
+)
+def test_a_failed_outcome_says_why(fields: dict[str, object], why: str) -> None:
+    failed = outcome(**fields)
+    assert failed.failure == why
+    health = classify(receipt(outcomes=(failed,)))
+    assert health.state is HealthState.FALSE_COMPLETE
+    assert health.reason.endswith(f"failed: {why}")
+
+
+def test_a_passed_outcome_has_no_failure() -> None:
+    assert FILE_OK.failure is None
+
+
+def test_a_failing_judge_says_why() -> None:
+    judge = replace(JUDGE_NO, expected={"done": True})  # as LLMJudge records it
+    health = classify(receipt(outcomes=(judge,)))
+    assert "done: expected True, observed False" in health.reason

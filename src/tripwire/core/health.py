@@ -324,10 +324,11 @@ def _classify_done(receipt: StopReceipt) -> Health:
     failed = [o for o in independent if not o.passed]
     if failed:
         first = failed[0]
-        why = f": {first.error}" if first.error else ""
+        more = f" (and {len(failed) - 1} more check(s) failed)" if len(failed) > 1 else ""
         return Health(
             HealthState.FALSE_COMPLETE,
-            f"{how}, but the {first.kind.value} check of {first.target} failed{why}",
+            f"{how}, but the {first.kind.value} check of {first.target} failed: "
+            f"{first.failure}{more}",
         )
     judge_pass = any(o.passed for o in judges)
     judge_fail = any(not o.passed for o in judges)
@@ -345,8 +346,10 @@ def _classify_done(receipt: StopReceipt) -> Health:
     if judge_pass and judge_fail:
         return Health(HealthState.UNCERTAIN, "signals disagree: LLM judges gave opposite verdicts")
     if judge_fail:
+        verdict = next(o for o in judges if not o.passed)
         return Health(
-            HealthState.FALSE_COMPLETE, f"{how}, but the LLM judge says the task was not done"
+            HealthState.FALSE_COMPLETE,
+            f"{how}, but the LLM judge says the task was not done ({verdict.failure})",
         )
     if judge_pass:
         if receipt.requires_outcome is OutcomeRequirement.INDEPENDENT:

@@ -132,6 +132,15 @@ class Evidence(str, Enum):
 # Validation helpers (run by the constructors, and so by every decode)
 
 
+def _short(value: Scalar) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -417,6 +426,46 @@ class OutcomeReceipt(_Value, frozen=True, kw_only=True):
     def to_dict(self) -> dict[str, Any]:
         """The receipt as a JSON-ready dict."""
         return _builtins(self)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the check failed, in words (``None`` when it passed).
+
+        The ``error`` when the check could not finish; else each expectation that did not
+        hold, from ``expected`` against ``observed`` (``status: expected 'paid', observed
+        'sent'``; ``size=10 below min_size=1024``; a missing row or column).
+        """
+        if self.passed:
+            return None
+        if self.error is not None:
+            return self.error
+        parts: list[str] = []
+        unseen: list[str] = []
+        for key, want in self.expected.items():
+            if key in self.observed:
+                seen = self.observed[key]
+                if seen != want:
+                    parts.append(f"{key}: expected {_short(want)}, observed {_short(seen)}")
+                continue
+            bound, _, name = key.partition("_")
+            seen = self.observed.get(name)
+            if bound in ("min", "max") and _is_number(seen) and _is_number(want):
+                low = bound == "min" and seen < want  # type: ignore[operator]
+                high = bound == "max" and seen > want  # type: ignore[operator]
+                if low or high:
+                    parts.append(f"{name}={seen} {'below' if low else 'above'} {key}={want}")
+            elif key != "pattern":
+                unseen.append(f"{key}: expected {_short(want)}, not observed")
+        missing = self.observed.get("missing_columns")
+        if isinstance(missing, str) and missing:
+            parts.append(f"missing columns: {missing}")
+        if self.observed.get("matches") is False:
+            parts.append(f"does not match the pattern {_short(self.expected.get('pattern'))}")
+        detail = self.observed.get("detail")
+        if isinstance(detail, str) and detail:
+            parts.append(detail)
+        parts = parts or unseen  # what was not observed explains only when nothing else does
+        return "; ".join(parts) if parts else "the check did not pass"
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "<outcome>") -> OutcomeReceipt:
