@@ -59,6 +59,7 @@ CI_FRAMEWORKS = {
     "OpenAI Agents SDK": "agents",
     "OpenAI Agents OpenInference bridge": "openinference.instrumentation.openai_agents",
     "Google ADK": "google.adk",
+    "smolagents": "smolagents",
 }
 
 
