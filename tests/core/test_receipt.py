@@ -788,3 +788,38 @@ def test_a_failing_judge_says_why() -> None:
     judge = replace(JUDGE_NO, expected={"done": True})  # as LLMJudge records it
     health = classify(receipt(outcomes=(judge,)))
     assert "done: expected True, observed False" in health.reason
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats()
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(data=st.binary(max_size=300))
+def test_arbitrary_bytes_are_a_receipt_or_an_input_error(data: bytes) -> None:
+    try:
+        StopReceipt.from_json(data, source="fuzz.json")
+    except InputError as exc:
+        assert exc.source == "fuzz.json"
+
+
+@given(patch=st.dictionaries(st.sampled_from(sorted(FULL.to_dict())), json_values, max_size=4))
+def test_receipts_with_arbitrary_fields_are_a_receipt_or_an_input_error(
+    patch: dict[str, object],
+) -> None:
+    data = {**FULL.to_dict(), **patch}
+    try:
+        text = json.dumps(data)
+    except ValueError:
+        return
+    for read in (lambda: StopReceipt.from_json(text), lambda: StopReceipt.from_dict(data)):
+        try:
+            read()
+        except InputError as exc:
+            assert exc.detail
