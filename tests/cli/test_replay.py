@@ -232,5 +232,41 @@ def test_stdin(traces: Path) -> None:
 def test_help_names_env_vars_and_default_of_empty_traces() -> None:
     result = runner.invoke(app, ["replay", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    assert "TRIPWIRE_WINDOW" in result.stdout
-    assert "By default they are reported" in result.stdout
+    text = " ".join(result.stdout.split())  # help is wrapped to the terminal
+    assert "TRIPWIRE_WINDOW" in text
+    assert "By default they are reported" in text
+
+
+# -- configuration: one loader for options, variables and files -----------------------------
+
+
+def test_a_huge_window_variable_is_refused_at_start_and_named(traces: Path) -> None:
+    result = runner.invoke(app, ["replay", str(traces)], env={"TRIPWIRE_WINDOW": "1" + "0" * 22})
+    assert result.exit_code == 2, result.output
+    assert "TRIPWIRE_WINDOW" in result.stderr and "Traceback" not in result.output
+
+
+def test_option_wins_over_variable_over_config_file(traces: Path, tmp_path: Path) -> None:
+    config = tmp_path / "tripwire.toml"
+    config.write_text("version = 1\n[policy]\nthreshold = 6\nwindow = 10\nmax_period = 'off'\n")
+    by_file = runner.invoke(app, ["replay", str(traces / "loop.json"), "--json", "--config", str(config)])
+    assert by_file.exit_code == 0, by_file.output
+    assert _lines(by_file.stdout)[0]["first_trip"]["call_index"] == 6
+    by_env = runner.invoke(
+        app, ["replay", str(traces / "loop.json"), "--json"],
+        env={"TRIPWIRE_CONFIG": str(config), "TRIPWIRE_THRESHOLD": "5"},
+    )
+    assert _lines(by_env.stdout)[0]["first_trip"]["call_index"] == 5
+    by_option = runner.invoke(
+        app, ["replay", str(traces / "loop.json"), "--json", "--threshold", "4"],
+        env={"TRIPWIRE_CONFIG": str(config), "TRIPWIRE_THRESHOLD": "5"},
+    )
+    assert _lines(by_option.stdout)[0]["first_trip"]["call_index"] == 4
+
+
+def test_a_policy_file_that_is_not_utf8_exits_2_without_a_traceback(traces: Path, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_bytes(b"version = 1\n# \xe9\xe9\n")
+    result = runner.invoke(app, ["replay", str(traces), "--policy", str(policy)])
+    assert result.exit_code == 2, result.output
+    assert "not UTF-8" in result.stderr and "Traceback" not in result.output

@@ -10,6 +10,7 @@ import typer
 from tripwire.cli import app
 from tripwire.cli._common import EXIT_DETECTED, EXIT_USAGE, err_console, out_console
 from tripwire.cli._replay_options import (
+    ConfigPath,
     JsonOut,
     Paths,
     PolicyPath,
@@ -155,6 +156,7 @@ def calibrate(
             help="Longest cycles to try, or 'off'. Default: off,3,6 and the base policy's.",
         ),
     ] = None,
+    config: ConfigPath = None,
     policy_file: PolicyPath = None,
     policy_preset: PolicyPreset = None,
     volatile_key: VolatileKeys = None,
@@ -204,6 +206,7 @@ def calibrate(
     from tripwire.replay.engine import load_traces
 
     base, normalizer = resolve_policy(
+        config=config,
         policy_file=policy_file,
         preset=policy_preset,
         volatile_keys=volatile_key,

@@ -12,6 +12,7 @@ import typer
 from tripwire.cli import app
 from tripwire.cli._common import EXIT_DETECTED, EXIT_USAGE, err_console, out_console
 from tripwire.cli._replay_options import (
+    ConfigPath,
     JsonOut,
     Key,
     MaxPeriod,
@@ -71,6 +72,7 @@ _HELP = "\n\n".join(
 )
 def replay(
     paths: Paths,
+    config: ConfigPath = None,
     policy_file: PolicyPath = None,
     policy_preset: PolicyPreset = None,
     window: Window = None,
@@ -110,6 +112,7 @@ def replay(
     from tripwire.replay.engine import load_traces, replay_trace
 
     policy, normalizer = resolve_policy(
+        config=config,
         policy_file=policy_file,
         preset=policy_preset,
         window=window,
