@@ -22,8 +22,6 @@ from tripwire.core import watch
 from tripwire.core.events import ABSENT, Lease, ToolCall
 from tripwire.core.policy import LoopPolicy, RetryPolicy
 from tripwire.core.signature import DEFAULT_NORMALIZER, signature_of
-from tripwire.otel.conventions import _tool_call  # binds the compiled tool-span mapping
-from tripwire.otel.processor import _py_remember_id
 
 try:
     from tripwire.core import _speedups
@@ -432,155 +430,6 @@ def test_json_signature_answers_the_common_case_and_leaves_the_rest() -> None:
         _speedups.json_signature("t", "{}")
 
 
-# -- the compiled tool-span mapping ------------------------------------------------------------
-
-TOOL_KEYS = [
-    "gen_ai.tool.name", "gen_ai.tool.call.arguments", "gen_ai.tool.call.id",
-    "gen_ai.tool.call.result", "error.type", "pydantic_ai.tool.retry.attempt", "tool.name",
-    "output.value", "input.value", "http.route", "tool_response", "traceloop.entity.output",
-    "gcp.vertex.agent.tool_response", "pydantic_ai.tool.retry.cause",
-]  # fmt: skip
-RESULT_KEYS = ["gen_ai.tool.call.result", "output.value", "tool_response", "traceloop.entity.output"]
-MAY_HOLD_VOLATILE = DEFAULT_NORMALIZER._may_hold_volatile
-
-
-class Text(str):
-    """A str subclass (the Python mapping keeps it as it is)."""
-
-
-span_values = st.one_of(
-    json_texts(),
-    st.sampled_from(
-        [
-            "search_docs", "", "<not specified>", "call_1", '{"input_str": "x", "inputs": {}}',
-            '{"inputs": {"q": 1}, "input_str": "x"}', '{"args": [], "kwargs": {"q": 1}}',
-            '{"input_string": 1}', '{"q_1": "a"}', "{}",
-            # results: plain, with digits, a ToolMessage, an ADK retry report, volatile keys
-            "Found 3 documents", "no_results", "ok \ud800", '{"status": "ok", "n": 12}',
-            '{"type": "tool", "data": {"content": "x", "tool_call_id": "call_7"}}',
-            '{"response_type": "ERROR_HANDLED_BY_REFLECT_AND_RETRY_PLUGIN", "error_type": "E"}',
-            '{"rows": 1, "request_id": "r-1"}', '{"\\u006eonce": 2}',
-        ]
-    ),
-    st.text(max_size=10),
-    st.integers(-3, 3),
-    st.booleans(),
-    st.builds(Text, st.sampled_from(["search_docs", "call_2", '{"q": 1}'])),
-)  # fmt: skip
-span_attrs = st.builds(
-    lambda tool, args, result, extra: {**extra, **tool, **args, **result},
-    st.fixed_dictionaries({}, optional={"gen_ai.tool.name": st.sampled_from(["search_docs", "é"]) | span_values}),
-    st.fixed_dictionaries({}, optional={"gen_ai.tool.call.arguments": span_values}),
-    st.dictionaries(st.sampled_from(RESULT_KEYS), span_values, max_size=2),
-    st.dictionaries(st.sampled_from(TOOL_KEYS), span_values, max_size=3),
-)
-nanos = st.none() | st.integers(0, 2**63 - 1)
-
-
-@settings(max_examples=1500, deadline=None)
-@given(attrs=span_attrs, start=nanos, end=nanos)
-def test_tool_span_agrees_with_the_python_mapping(
-    attrs: dict[str, Any], start: int | None, end: int | None
-) -> None:
-    normalizer = DEFAULT_NORMALIZER
-    got = _speedups.tool_span(
-        attrs, start, end, normalizer.volatile_keys, normalizer.max_bytes, MAY_HOLD_VOLATILE
-    )
-    if got is None:
-        return
-    call, sig = got
-    expected = _tool_call(
-        attrs,
-        "execute_tool x",
-        None if start is None else start / 1e9,
-        None if end is None else end / 1e9,
-        None,
-        normalizer,
-    )
-    assert expected is not None
-    assert call == expected
-    assert [type(getattr(call, f)) for f in call.__struct_fields__] == [
-        type(getattr(expected, f)) for f in expected.__struct_fields__
-    ]
-    if sig is not None:
-        assert sig == pure_signature(call.tool, call.arguments)
-
-
-def tool_span(attrs: dict[str, Any], start: int | None = None, end: int | None = None) -> Any:
-    n = DEFAULT_NORMALIZER
-    return _speedups.tool_span(attrs, start, end, n.volatile_keys, n.max_bytes, MAY_HOLD_VOLATILE)
-
-
-def test_tool_span_maps_the_common_span_and_leaves_the_rest() -> None:
-    plain = {
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": "search_docs",
-        "gen_ai.tool.call.id": "call_1",
-        "gen_ai.tool.call.arguments": '{"query": "refund", "max_results": 5}',
-    }
-    got = tool_span(plain, 1_000_000_000, 3_000_000_000)
-    assert got is not None
-    call, sig = got
-    assert (call.tool, call.call_id, call.start_s, call.end_s) == ("search_docs", "call_1", 1.0, 3.0)
-    assert call.result_digest is None
-    assert sig is not None and sig == pure_signature("search_docs", call.arguments)
-    no_id = {**plain, "gen_ai.tool.call.id": "<not specified>"}
-    assert tool_span(no_id)[0].call_id is None
-    # A plain result is digested as the Python mapping digests it (digits do not count).
-    with_result = {**plain, "tool_response": "Found 3 documents"}
-    call = tool_span(with_result)[0]
-    assert call.result_digest == _tool_call(with_result, "x", None, None, None).result_digest
-    assert call.result_digest == tool_span({**plain, "tool_response": "Found 12 documents"})[0].result_digest
-    assert call.result_digest != tool_span({**plain, "tool_response": "Found no documents"})[0].result_digest
-    # Answered in Python: an error or retry attribute, a result to unwrap or strip, an
-    # envelope, no arguments, no usable tool name.
-    for attrs in (
-        {**plain, "error.type": "ValueError"},
-        {**plain, "pydantic_ai.tool.retry.cause": "x"},
-        {**plain, "gen_ai.tool.call.result": '{"content": "x", "tool_call_id": "call_1"}'},
-        {**plain, "gen_ai.tool.call.result": '{"response_type": "ERROR_HANDLED_BY_REFLECT_AND_RETRY_PLUGIN"}'},
-        {**plain, "gen_ai.tool.call.result": '{"rows": [], "request_id": "r-1"}'},
-        {**plain, "gen_ai.tool.call.result": 42},
-        {**plain, "gen_ai.tool.call.arguments": '{"input_str": "x", "inputs": {"q": 1}}'},
-        {**plain, "gen_ai.tool.call.arguments": '{"tags": [], "inputs": {}, "input_str": "x"}'},
-        {**plain, "gen_ai.tool.call.arguments": '{"args": [], "sanitize_inputs_outputs": true}'},
-        {k: v for k, v in plain.items() if k != "gen_ai.tool.call.arguments"},
-        {**plain, "gen_ai.tool.name": ""},
-        {**plain, "gen_ai.tool.name": Text("search_docs")},
-    ):
-        assert tool_span(attrs) is None, attrs
-    # Volatile keys in the arguments: the call is mapped, the signature left to Python.
-    got = tool_span({**plain, "gen_ai.tool.call.arguments": '{"nonce": 1}'})
-    assert got is not None and got[1] is None
-    with pytest.raises(TypeError, match="6 arguments"):
-        _speedups.tool_span(plain, None, None)
-
-
-# -- the compiled call-id memory ---------------------------------------------------------------
-
-
-@settings(max_examples=300, deadline=None)
-@given(ids=st.lists(st.sampled_from([f"call_{i}" for i in range(24)]), max_size=60), memory=st.integers(1, 17))
-def test_remember_id_agrees_with_its_python_twin(ids: list[str], memory: int) -> None:
-    c_ids: bytes | None = None
-    py_ids: bytes | None = None
-    for text in ids:
-        c_new = _speedups.remember_id(c_ids, text, memory)
-        py_new = _py_remember_id(py_ids, text, memory)
-        assert (c_new is c_ids) == (py_new is py_ids)
-        assert c_new == py_new
-        c_ids, py_ids = c_new, py_new
-
-
-def test_remember_id_errors_are_clear() -> None:
-    with pytest.raises(TypeError, match="bytes or None"):
-        _speedups.remember_id(bytearray(8), "a", 4)
-    with pytest.raises(ValueError, match="memory must be >= 1"):
-        _speedups.remember_id(None, "a", 0)
-    with pytest.raises(TypeError, match="unhashable"):
-        _speedups.remember_id(None, ["a"], 4)
-
-
 def test_the_span_helpers_leak_neither_memory_nor_references() -> None:
     keys, cap = DEFAULT_NORMALIZER.volatile_keys, DEFAULT_NORMALIZER.max_bytes
     tool = "search_docs_leak_check"
@@ -596,12 +445,9 @@ def test_the_span_helpers_leak_neither_memory_nor_references() -> None:
     ]
 
     def run(n: int) -> None:
-        ids: bytes | None = None
         for _ in range(n):
-            for i, attrs in enumerate(spans):
-                _speedups.tool_span(attrs, i, i + 1, keys, cap, MAY_HOLD_VOLATILE)
+            for attrs in spans:
                 _speedups.json_signature(tool, attrs["gen_ai.tool.call.arguments"], keys, cap)
-                ids = _speedups.remember_id(ids, attrs["gen_ai.tool.call.id"], 16)
 
     run(1)  # warm the caches (the tool's hash seed is cached: one reference to the name)
     refs_before = sys.getrefcount(tool)
