@@ -27,7 +27,10 @@ __all__ = [
     "PROGRESS_MIN_BYTES",
     "PROGRESS_MIN_FILES",
     "ConfigPath",
+    "JsonOut",
+    "MaxFileSize",
     "abort_plain",
+    "parse_size",
     "reading_progress",
     "report_problems",
     "resolve_config",
@@ -148,6 +151,15 @@ PollingTools = Annotated[
         "result counts as progress; repeatable. The env var takes a space-separated list.",
     ),
 ]
+MaxFileSize = Annotated[
+    str | None,
+    typer.Option(
+        "--max-file-size", envvar="TRIPWIRE_MAX_FILE_SIZE", metavar="SIZE", show_default=False,
+        help="The most one trace file may take, on disk and once decompressed (a gzip bomb "
+        "stops there); a larger file is reported as a bad file. Bytes, or with K, M, G. "
+        "Default: 1G.",
+    ),
+]
 JsonOut = Annotated[
     bool,
     typer.Option(
@@ -155,6 +167,23 @@ JsonOut = Annotated[
         help="Write JSON Lines to stdout instead of a table.",
     ),
 ]
+
+
+def parse_size(option: str, text: str | None) -> int:
+    """``--max-file-size``: bytes, or a number with K/M/G (powers of 1024); default the reader's."""
+    from tripwire.replay.reader import DEFAULT_MAX_FILE_BYTES
+
+    if text is None:
+        return DEFAULT_MAX_FILE_BYTES
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]{1,15})\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    if match is None:
+        abort_plain(f"{option} takes a size in bytes, or with K, M or G (512M, 2G); got {text[:40]!r}")
+    number = int(match.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[match.group(2).lower()]
+    if number < 1024:
+        abort_plain(f"{option} must be at least 1K, got {text!r}")
+    return number
 
 
 def abort_plain(text: str, code: int = EXIT_USAGE) -> NoReturn:
