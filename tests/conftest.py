@@ -56,9 +56,14 @@ CI_FRAMEWORKS = {
     "pydantic-ai": "pydantic_ai",
     "LangChain": "langchain",
     "LangChain OpenInference instrumentation": "openinference.instrumentation.langchain",
+    "LangGraph": "langgraph.prebuilt",
+    "LangChain OpenLLMetry instrumentation": "opentelemetry.instrumentation.langchain",
+    "OpenAI client (tool-loop tests)": "openai",
+    "Anthropic client (tool-loop tests)": "anthropic",
     "OpenAI Agents SDK": "agents",
     "OpenAI Agents OpenInference bridge": "openinference.instrumentation.openai_agents",
     "Google ADK": "google.adk",
+    "smolagents": "smolagents",
 }
 
 

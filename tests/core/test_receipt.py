@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tripwire.core.reasons import StopReason, Verdict
 from tripwire.core.receipt import (
     SCHEMA,
+    AfterStop,
     AnyOf,
     Approval,
     CalledTool,
@@ -307,6 +308,81 @@ def test_cap_reason_whose_inputs_show_the_cap_not_reached_is_uncertain() -> None
 def test_every_stop_reason_has_a_meaning() -> None:
     for reason in StopReason:
         assert classify(receipt(end=None, reason=reason)).state is not HealthState.UNCERTAIN
+
+
+# --- activity after the stop ----------------------------------------------------------------
+
+
+CLEAN_STOPS = {
+    name: ELEVEN[name][0]
+    for name in (
+        "natural_finish_with_outcome",
+        "step_cap",
+        "token_budget",
+        "approval_routed",
+        "timeout",
+        "user_abort",
+    )
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLEAN_STOPS))
+def test_a_run_that_went_on_after_its_stop_is_never_a_clean_stop(case: str) -> None:
+    stop = replace(CLEAN_STOPS[case], after_stop=AfterStop(model_calls=2, tool_calls=3))
+    health = classify(stop)
+    assert health.state is HealthState.UNCERTAIN
+    assert "went on after the stop (2 model call(s), 3 tool call(s))" in health.reason
+    assert "framework integration that ends the run" in health.action
+    assert health.to_dict()["action"] == health.action
+
+
+@pytest.mark.parametrize("after", [AfterStop(model_calls=1), AfterStop(tool_calls=1)])
+def test_one_call_of_either_kind_after_the_stop_is_enough(after: AfterStop) -> None:
+    stop = replace(ELEVEN["step_cap"][0], after_stop=after)
+    assert classify(stop).state is HealthState.UNCERTAIN
+
+
+def test_no_activity_after_the_stop_classifies_as_before() -> None:
+    for case, (stop, expected) in ELEVEN.items():
+        quiet = replace(stop, after_stop=AfterStop(model_calls=0, tool_calls=0))
+        assert classify(quiet).state is expected, case
+
+
+def test_a_tool_failure_stays_failed_and_says_the_run_went_on() -> None:
+    stop = replace(ELEVEN["tool_error"][0], after_stop=AfterStop(tool_calls=4))
+    health = classify(stop)
+    assert health.state is HealthState.FAILED
+    assert "went on after the stop (0 model call(s), 4 tool call(s))" in health.reason
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2", None])
+def test_after_stop_counts_are_validated(bad: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        AfterStop(tool_calls=bad)  # type: ignore[arg-type]
+    assert info.value.field == "AfterStop.tool_calls"
+
+
+def test_after_stop_round_trips_through_json() -> None:
+    stop = replace(FULL, after_stop=AfterStop(model_calls=1, tool_calls=7))
+    data = json.loads(stop.to_json())
+    assert data["after_stop"] == {"model_calls": 1, "tool_calls": 7}
+    again = StopReceipt.from_json(stop.to_json())
+    assert again == stop
+    assert classify(again).state is HealthState.UNCERTAIN
+
+
+def test_a_receipt_without_after_stop_still_reads() -> None:
+    data = FULL.to_dict()
+    del data["after_stop"]
+    assert StopReceipt.from_dict(data) == FULL
+
+
+def test_a_bad_after_stop_names_the_field() -> None:
+    data = FULL.to_dict()
+    data["after_stop"] = {"model_calls": -3, "tool_calls": 0}
+    with pytest.raises(InputError) as info:
+        StopReceipt.from_dict(data, source="r.json")
+    assert "after_stop.model_calls" in info.value.detail
 
 
 # --- outcome receipts ------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from tripwire.errors import ConfigError, InputError
 
 __all__ = [
     "SCHEMA",
+    "AfterStop",
     "AnyOf",
     "Approval",
     "CalledTool",
@@ -335,6 +336,34 @@ class Counters:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AfterStop:
+    """Activity seen after the run was stopped: the framework swallowed the stop and went on.
+
+    Filled in by the integration that raised the stop (the guard, a framework adapter) from
+    what it saw afterwards. Any activity means the stop did not end the run, so
+    :func:`classify` never reports such a run as a clean stop.
+    """
+
+    model_calls: int = 0
+    """Model calls made after the stop."""
+    tool_calls: int = 0
+    """Tool calls attempted after the stop (refused or not: the agent went on)."""
+
+    def __post_init__(self) -> None:
+        _check_count("AfterStop.model_calls", self.model_calls)
+        _check_count("AfterStop.tool_calls", self.tool_calls)
+
+    @property
+    def active(self) -> bool:
+        """True when anything happened after the stop."""
+        return self.model_calls > 0 or self.tool_calls > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The activity as a JSON-ready dict."""
+        return {"model_calls": self.model_calls, "tool_calls": self.tool_calls}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Approval:
     """An approval the run is waiting for, and how the decision is routed.
 
@@ -543,6 +572,8 @@ class StopReceipt:
     """When the run started (seconds, caller's clock)."""
     ended_at: float | None = None
     """When the run stopped (seconds, same clock)."""
+    after_stop: AfterStop | None = None
+    """Activity after the stop (a framework swallowed it and went on); ``None`` = not watched."""
     schema: str = SCHEMA
     """The receipt format version; always :data:`SCHEMA` for receipts built by this code."""
 
@@ -569,6 +600,8 @@ class StopReceipt:
             raise ConfigError(
                 "StopReceipt.tool_failure", self.tool_failure, "a ToolFailure or None"
             )
+        if self.after_stop is not None and not isinstance(self.after_stop, AfterStop):
+            raise ConfigError("StopReceipt.after_stop", self.after_stop, "an AfterStop or None")
         for name in ("policy_version", "normalizer_version"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
@@ -611,6 +644,7 @@ class StopReceipt:
             "tool_failure": None if self.tool_failure is None else self.tool_failure.to_dict(),
             "started_at": self.started_at,
             "ended_at": self.ended_at,
+            "after_stop": None if self.after_stop is None else self.after_stop.to_dict(),
         }
 
     def to_json(self, *, indent: int | None = None) -> str:
@@ -855,6 +889,16 @@ def _receipt_from(r: _Reader) -> StopReceipt:
                 side_effect_uncertain=uncertain,
             ),
         )
+    after_reader = r.child("after_stop", optional=True)
+    after_stop = None
+    if after_reader is not None:
+        a = after_reader
+        model_calls = a.raw("model_calls", required=False, default=0)
+        tool_calls = a.raw("tool_calls", required=False, default=0)
+        a.done()
+        after_stop = a.build(
+            "", lambda: AfterStop(model_calls=model_calls, tool_calls=tool_calls)
+        )
     outcomes = tuple(
         _outcome_from(_Reader(item, r.source, f"outcomes[{i}]"))
         for i, item in enumerate(r.items("outcomes"))
@@ -881,6 +925,7 @@ def _receipt_from(r: _Reader) -> StopReceipt:
         "tool_failure": failure,
         "started_at": r.raw("started_at", required=False),
         "ended_at": r.raw("ended_at", required=False),
+        "after_stop": after_stop,
     }
     r.done()
     try:
@@ -1062,11 +1107,14 @@ class Health:
     """The health state (first matching row of the priority table)."""
     reason: str
     """Why this state, in words, naming the recorded facts that decided it."""
+    advice: str | None = None
+    """A specific operator action that replaces the state's generic one, when the facts call
+    for it (a run that went on after its stop: use the integration that ends the run)."""
 
     @property
     def action(self) -> str:
-        """The operator action for :attr:`state`."""
-        return self.state.operator_action
+        """What the operator should do: :attr:`advice`, else the action for :attr:`state`."""
+        return self.advice if self.advice is not None else self.state.operator_action
 
     def to_dict(self) -> dict[str, str]:
         """``{"state", "reason", "action"}`` as strings."""
@@ -1085,6 +1133,7 @@ def classify(receipt: StopReceipt, *, now: float | None = None) -> Health:
         The first matching state; see the module docstring for the table.
     """
     end, reason, failure = receipt.end, receipt.reason, receipt.tool_failure
+    went_on = _went_on(receipt.after_stop)
     # Row 1 outranks everything, disagreement included: after a tool failure the safe move is
     # to diagnose the boundary, not to guess whether the side effect happened.
     if end is EndKind.TOOL_FAILURE or reason is StopReason.TOOL_ERROR or failure is not None:
@@ -1092,9 +1141,17 @@ def classify(receipt: StopReceipt, *, now: float | None = None) -> Health:
             where = f" (call {failure.call_index})" if failure.call_index is not None else ""
             return Health(
                 HealthState.FAILED,
-                f"tool {failure.tool} failed with {failure.error_type}{where}",
+                f"tool {failure.tool} failed with {failure.error_type}{where}"
+                + (f"; {went_on}" if went_on else ""),
             )
-        return Health(HealthState.FAILED, "a tool execution failed and ended the run")
+        return Health(
+            HealthState.FAILED,
+            "a tool execution failed and ended the run" + (f"; {went_on}" if went_on else ""),
+        )
+    # A stop that did not end the run is no stop: whatever the recorded cause says, the run
+    # went on, so nothing about how it ended can be trusted.
+    if went_on:
+        return Health(HealthState.UNCERTAIN, f"signals disagree: {went_on}", advice=_GO_ON_ACTION)
     if end is None and reason is None:
         return Health(HealthState.UNCERTAIN, "no stop cause was recorded")
 
@@ -1151,6 +1208,21 @@ def classify(receipt: StopReceipt, *, now: float | None = None) -> Health:
         what = reason.value if reason is not None else "a stop condition"
         return Health(HealthState.BOUNDED_STOP, f"{what} fired{_inputs(receipt)}")
     return _classify_done(receipt)
+
+
+_GO_ON_ACTION: Final = (
+    "use the framework integration that ends the run (the framework swallowed the stop); "
+    "check what ran after it before acting"
+)
+
+
+def _went_on(after: AfterStop | None) -> str:
+    if after is None or not after.active:
+        return ""
+    return (
+        f"the run went on after the stop ({after.model_calls} model call(s), "
+        f"{after.tool_calls} tool call(s))"
+    )
 
 
 def _is_number(value: object) -> bool:

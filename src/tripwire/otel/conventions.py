@@ -35,9 +35,8 @@ Cost: classifying a span that is not an agent span is four key tests and, only f
 holding ``tool``, two string prefix tests; mapping a plain GenAI tool span is three lookups and
 one ``isdisjoint`` (:func:`_tool_call`). JSON is parsed only on tool spans, only when an envelope
 or a ToolMessage is recognized by a substring test (after a one-character ``"_"`` test that
-rules most arguments out at memory speed), and only below :data:`MAX_UNWRAP_BYTES`. With the
-compiled accelerator, the span processor maps the common GenAI tool span, its signature and its
-result digest in one call (:func:`_bind_tool_span`), with the same results.
+rules most arguments out at memory speed), and only below :data:`MAX_UNWRAP_BYTES`. This is the
+only mapping: nothing in the compiled accelerator knows about spans.
 
 Nothing here raises on span content: unknown or malformed shapes come back as ``None`` and
 are counted in :class:`MappingStats`. Bump :data:`MAPPING_VERSION` whenever a change could
@@ -54,7 +53,6 @@ from typing import Any, Final
 
 import msgspec
 
-from tripwire.core._compiled import speedups
 from tripwire.core.events import ModelCall, ToolCall
 from tripwire.core.signature import ABSENT, DEFAULT_NORMALIZER, Normalizer
 
@@ -572,40 +570,6 @@ def _tool_call(
         attempt=attempt,
         result_digest=result_digest,
     )
-
-
-def _bind_tool_span() -> Any:
-    """The compiled common case of :func:`_tool_call` with the signature, or ``None``.
-
-    ``(attrs, start_ns, end_ns, volatile_keys, max_bytes, may_hold_volatile) -> (ToolCall,
-    Signature | None) | None``, the last three from the normalizer: for a span that did not
-    fail, with a plain ``gen_ai.tool.name``, plain string arguments, no error or retry
-    attribute, and at most a plain string result (no ToolMessage, no retry report, no volatile
-    key), the call :func:`_tool_call` maps and the signature :meth:`Normalizer.signature`
-    computes (``None`` when only the Python path can); ``None`` for every other span.
-    ``tests/core/test_speedups.py`` holds the two to the same answers.
-    """
-    compiled = speedups()
-    if compiled is None or not hasattr(compiled, "tool_span"):
-        return None
-    compiled.bind_tool_span(
-        "gen_ai.tool.name",
-        "gen_ai.tool.call.arguments",
-        "gen_ai.tool.call.id",
-        _RESULT_KEYS,
-        tuple(sorted(_RARE_TOOL_KEYS.difference(_RESULT_KEYS))),
-        _NOT_SPECIFIED,
-        _ENVELOPE_OPENINGS,
-        _ENVELOPE_NEEDLES,
-        (_TOOL_MESSAGE_KEY, _ADK_RETRY_RESPONSE),
-        ToolCall,
-    )
-    return compiled.tool_span
-
-
-_fast_tool_span: Final = _bind_tool_span()
-"""What :func:`_bind_tool_span` describes, bound once at import; ``None`` without the accelerator
-(the span processor then maps every tool span with :func:`_tool_call`)."""
 
 
 # -- model spans -----------------------------------------------------------------------------

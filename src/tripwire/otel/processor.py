@@ -95,7 +95,6 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
-from tripwire.core._compiled import speedups
 from tripwire.core.budget import (
     NANO,
     Charge,
@@ -120,7 +119,6 @@ from tripwire.otel.conventions import (
     MappingStats,
     SpanRole,
     SpanView,
-    _fast_tool_span,
     _int,
     _tool_call,
     classify,
@@ -341,7 +339,8 @@ def _py_remember_id(ids: bytes | None, text: str, memory: int) -> bytes:
     A memory of recent ids as ``bytes``: the ``hash()`` of up to ``memory`` ids, 8 bytes each,
     oldest first (``None`` is the empty memory); the oldest is dropped beyond ``memory``.
     ``bytes`` rather than an ``array``: ``bytes.find`` searches in C where ``in`` on an array
-    makes an ``int`` of every element. The accelerator's ``remember_id`` is its compiled twin.
+    makes an ``int`` of every element. Eight bytes per id whatever the id's length: the memory
+    is bounded in bytes as well as in count.
     """
     key = _pack_hash(hash(text))
     if ids is None:
@@ -354,9 +353,7 @@ def _py_remember_id(ids: bytes | None, text: str, memory: int) -> bytes:
     return (ids[8:] if len(ids) >= 8 * memory else ids) + key
 
 
-_remember_id: Final[Callable[[bytes | None, str, int], bytes]] = (
-    getattr(speedups(), "remember_id", None) or _py_remember_id
-)
+_remember_id: Final = _py_remember_id
 
 
 class _Run:
@@ -449,15 +446,6 @@ class TripwireSpanProcessor(SpanProcessor):
         self._inner = inner
         self.policy = policy
         self._normalizer = normalizer
-        # The compiled mapping computes Normalizer.signature and result_digest itself: not for
-        # a subclass, nor for another object that only looks like a normalizer.
-        self._fast_tool_span = None
-        self._fast_args: tuple[Any, ...] = ()
-        if type(normalizer) is Normalizer and _fast_tool_span is not None:
-            self._fast_tool_span = _fast_tool_span
-            self._fast_args = (
-                normalizer.volatile_keys, normalizer.max_bytes, normalizer._may_hold_volatile
-            )
         self._callbacks: tuple[VerdictCallback, ...] = (
             (on_verdict,) if callable(on_verdict) else tuple(on_verdict)
         )
@@ -727,30 +715,19 @@ class TripwireSpanProcessor(SpanProcessor):
             failed = span.status.status_code is _ERROR
         normalizer = self._normalizer
         # The mapping and the signature (parse, canonicalize, hash), the costly part, outside
-        # the lock: compiled in one call for the common span, else in Python.
-        fast = self._fast_tool_span
-        mapped = (
-            None
-            if fast is None or failed
-            else fast(attrs, start, end, *self._fast_args)
+        # the lock.
+        call = _tool_call(
+            attrs,
+            name,
+            None if start is None else start / 1e9,
+            None if end is None else end / 1e9,
+            (_exception_type(span) or "") if failed else None,
+            normalizer,
         )
-        if mapped is not None:
-            call, sig = mapped
-            if sig is None:  # the compiled signature declined (volatile keys…): not again
-                sig = normalizer._python_signature(call.tool, call.arguments)
-        else:
-            call = _tool_call(
-                attrs,
-                name,
-                None if start is None else start / 1e9,
-                None if end is None else end / 1e9,
-                (_exception_type(span) or "") if failed else None,
-                normalizer,
-            )
-            if call is None:
-                self.mapping_stats.malformed += 1
-                return span
-            sig = normalizer.signature(call.tool, call.arguments)
+        if call is None:
+            self.mapping_stats.malformed += 1
+            return span
+        sig = normalizer.signature(call.tool, call.arguments)
         self.mapping_stats.tool_spans += 1
         tid: int = ctx.trace_id
         now = self._clock()
