@@ -29,6 +29,10 @@
     [policy.retry_per_tool.fetch_page]
     errors = ["http_503"]
 
+    [policy.polls.get_job_status]   # a declared poll: the same answer is waiting, up to max_wait_s
+    interval_s = 10
+    max_wait_s = 600
+
     [normalizer]
     volatile_keys_add = ["cursor"]
     volatile_keys_remove = ["now"]
@@ -48,7 +52,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
-from tripwire.core.policy import LoopPolicy, RetryPolicy
+from tripwire.core.policy import LoopPolicy, Poll, RetryPolicy
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
 from tripwire.errors import ConfigError
 
@@ -80,6 +84,7 @@ _OPTIONAL_RULES: Final = (
 """Policy fields whose rule ``"off"`` (or ``false``) turns off."""
 _POLICY_KEYS: Final = tuple(f.name for f in fields(LoopPolicy) if f.init)
 _RETRY_KEYS: Final = tuple(f.name for f in fields(RetryPolicy) if f.init)
+_POLL_KEYS: Final = tuple(f.name for f in fields(Poll) if f.init)
 _NORMALIZER_KEYS: Final = ("volatile_keys_add", "volatile_keys_remove", "max_bytes")
 
 
@@ -133,6 +138,18 @@ def _retry(where: str, data: Any) -> RetryPolicy:
         raise ConfigError(where, data, f"valid RetryPolicy settings ({exc})") from None
 
 
+def _poll(where: str, data: Any) -> Poll:
+    table = _table(where, data)
+    _unknown(where, table, _POLL_KEYS)
+    for key in _POLL_KEYS:
+        if key not in table:
+            raise ConfigError(f"{where}.{key}", None, "a number of seconds (interval_s and max_wait_s are both required)")
+    try:
+        return Poll(**table)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}.{exc.field.removeprefix('Poll.')}", exc.value, exc.expected) from None
+
+
 def parse_policy(data: Mapping[str, Any], source: str = "<string>") -> PolicyFile:
     """Build the policy and normalizer a parsed policy file describes.
 
@@ -164,6 +181,9 @@ def parse_policy(data: Mapping[str, Any], source: str = "<string>") -> PolicyFil
             changes[key] = frozenset(_string_list(where, value))
         elif key == "retry":
             changes[key] = None if _is_off(value) else _retry(where, value)
+        elif key == "polls":
+            table = _table(where, value)
+            changes[key] = {tool: _poll(f"{where}.{tool}", poll) for tool, poll in table.items()}
         elif key == "retry_per_tool":
             table = _table(where, value)
             changes[key] = {tool: _retry(f"{where}.{tool}", rp) for tool, rp in table.items()}
