@@ -248,3 +248,18 @@ def test_a_refusal_a_callback_cannot_deliver_is_said_once(
     assert isinstance(out, StoppedRun) and out.reason is StopReason.MAX_STEPS
     assert caplog.text.count("cannot replace a tool's result") == 1
     assert counters.tool_bodies == 3  # the refused 3rd call ran: no interceptor on this graph
+
+
+def _batch(i: int, seen: list[str], tools: bool) -> Any:
+    return [("search_docs", {"query": "refund policy"})] * 2
+
+
+@needs_g1
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stop_inside_a_parallel_batch_ends_the_run(mode: str) -> None:
+    counters = Counters()
+    out, got = run(mode, _batch, counters)
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
+    assert counters.loop_bodies == 3 and counters.model_calls == 2
+    after = got[0].after_stop
+    assert after is None or not after.active  # nothing ran after the stop

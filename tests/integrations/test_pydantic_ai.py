@@ -299,3 +299,16 @@ def test_no_cost_warning_leaks_when_prices_are_off() -> None:
         warnings.simplefilter("error")
         out = build(scripted(healthy_calls(2)), counters, Tripwire(prices=None)).run_sync("q")
     assert out.output == "done"
+
+
+def _batch(i: int, seen: list[str], tools: bool) -> list[tuple[str, dict[str, Any]]] | str:
+    return [(LOOP_TOOL, dict(LOOP_ARGS)), (LOOP_TOOL, dict(LOOP_ARGS))]
+
+
+@needs_g1
+def test_identical_calls_of_one_parallel_batch_are_judged_in_turn() -> None:
+    counters = Counters()
+    out = build(_batch, counters, Tripwire()).run_sync("q").output
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
+    assert counters.loop_bodies == 3  # the 4th, beside the 3rd in the second batch, never ran
+    assert counters.model_calls == 2

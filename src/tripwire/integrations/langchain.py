@@ -518,8 +518,13 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
 
     def _before_model(self, run_id: UUID, parent_run_id: UUID | None) -> None:
         run = self._run(run_id, parent_run_id)
-        if run is not None:
-            run.before_model()
+        if run is None:
+            return
+        if run.stopped is not None:
+            # Raised before the model call, and raise_error lets it end the run: nothing
+            # runs after the stop, so it is not counted as activity after it.
+            raise run.stopped
+        run.before_model()
 
     def on_chat_model_start(
         self,
@@ -593,6 +598,8 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
                     self._tools.popitem(last=False)
         if gated:
             return
+        if run.stopped is not None:
+            raise run.stopped  # before the tool body: it does not run
         if run.before_tool(name, arguments) is not None and not self._warned:
             # A callback cannot hand a refusal to the model in place of the result; the
             # ToolNode interceptor (wrap_tool_call) does that. Say so once, not silently.

@@ -37,7 +37,9 @@ tasks, are judged separately.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -144,6 +146,7 @@ class Tripwire(AbstractCapability[Any]):
         self.guard_options = guard_options
         self.run: RunControl | None = None
         """This run's control (set on the per-run copy that ``for_run`` returns)."""
+        self._inflight: dict[str, _Turns] = {}
 
     def _start(self, ctx: RunContext[Any]) -> RunControl:
         name = self.agent or getattr(ctx.agent, "name", None) or "agent"
@@ -239,9 +242,34 @@ class Tripwire(AbstractCapability[Any]):
         handler: Callable[..., Any],
     ) -> Any:
         run = self._control(ctx)
+        arguments = call.args_as_dict()
+        # pydantic-ai runs a batch of tool calls concurrently. Identical calls of one batch
+        # take turns, so that the watcher has seen the one before when it judges the next
+        # (a 4th identical call is refused, not run beside the 3rd); different calls still
+        # run side by side.
+        key = _call_key(call.tool_name, arguments)
+        entry = self._inflight.get(key)
+        if entry is None:
+            entry = self._inflight[key] = _Turns()
+        entry.waiting += 1
+        try:
+            async with entry.lock:
+                return await self._execute(run, call, arguments, args, handler)
+        finally:
+            entry.waiting -= 1
+            if entry.waiting == 0:
+                self._inflight.pop(key, None)
+
+    async def _execute(
+        self,
+        run: RunControl,
+        call: ToolCallPart,
+        arguments: dict[str, Any],
+        args: Any,
+        handler: Callable[..., Any],
+    ) -> Any:
         if run.stopped is not None:  # a sibling in the batch of the call that stopped the run
             raise run.stopped
-        arguments = call.args_as_dict()
         refusal = run.before_tool(call.tool_name, arguments)
         if refusal is not None:
             return refusal  # not run: the model gets this text as the tool's result
@@ -254,3 +282,20 @@ class Tripwire(AbstractCapability[Any]):
             raise
         run.after_tool(call.tool_name, arguments, result)
         return result
+
+
+class _Turns:
+    """Identical tool calls of one run, in flight: they run one after the other."""
+
+    __slots__ = ("lock", "waiting")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.waiting = 0
+
+
+def _call_key(tool: str, arguments: Any) -> str:
+    try:
+        return tool + "\0" + json.dumps(arguments, sort_keys=True, default=str)
+    except (TypeError, ValueError):  # unsortable keys: fall back to the text of the call
+        return tool + "\0" + repr(arguments)
