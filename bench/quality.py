@@ -64,7 +64,6 @@ AXES: dict[str, tuple[Any, ...]] = {
     "max_period": (8, 3, 6, 10, None),
     "same_error": (5, 4, 6, 8, None),
     "same_result": (8, 6, 10, 12, None),
-    "empty_result": (8, 6, 10, 12, None),
     "revisit": (6, 5, 8, 10, None),
     "revisit_share": (0.8, 0.7, 0.9, None),
     "failure_share": (0.8, 0.7, 0.9, None),
@@ -185,26 +184,33 @@ def _objective(f: Figure) -> tuple[float, ...]:
     return (ok, f.caught if ok else -f.alarms, -f.alarms, -(f.median_first if f.median_first is not None else 1.0))
 
 
+START = dict(threshold=4, window=10, max_period=3, same_error=None, same_result=None, revisit=None, revisit_share=None, failure_share=None)
+
+
 def choose(replay: Replayer, base: LoopPolicy, train: Sequence[int]) -> LoopPolicy:
     """The training part's settings: one pass over each knob (see the module docstring)."""
     names = {f.name for f in fields(LoopPolicy) if f.init}
-    current = base
+    current = base.evolve(**{k: v for k, v in START.items() if k in names})
     for axis, values in AXES.items():
         if axis not in names:
             continue
-        own = getattr(base, axis)
-        candidates = [own, *(v for v in values[1:] if v != own)]
-        best: tuple[tuple[float, ...], int, LoopPolicy] | None = None
-        for order, value in enumerate(candidates):
+        own = getattr(current, axis)
+        candidates = [own, *(v for v in values if v != own)]
+        here = figure(replay.rows, replay(current), train)
+        best: tuple[tuple[float, ...], LoopPolicy] | None = None
+        for value in candidates[1:]:
             try:
                 policy = current.evolve(**{axis: value})
             except ConfigError:
                 continue  # e.g. a threshold above the window
-            score = _objective(figure(replay.rows, replay(policy), train))
-            if best is None or (score, -order) > (best[0], -best[1]):
-                best = (score, order, policy)
+            got = figure(replay.rows, replay(policy), train)
+            if not _objective(got)[0] or got.caught <= here.caught:
+                continue  # move only for more catches
+            score = _objective(got)
+            if best is None or score > best[0]:
+                best = (score, policy)
         if best is not None:
-            current = best[2]
+            current = best[1]
     return current
 
 

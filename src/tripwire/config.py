@@ -57,7 +57,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from tripwire.core.budget import Levels, Limits
-from tripwire.core.policy import PRESETS, KeyMode, LoopPolicy, ResultEvidence, RetryPolicy
+from tripwire.core.policy import PRESETS, KeyMode, LoopPolicy, Poll, ResultEvidence, RetryPolicy
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
 from tripwire.errors import ConfigError
 
@@ -287,12 +287,13 @@ SETTINGS: Final[Mapping[str, Setting]] = MappingProxyType({s.name: s for s in (
 )})
 """Every scalar setting, by name; its variable is ``TRIPWIRE_`` + the name in upper case."""
 
-_POLICY_TABLES: Final = ("polling_tools", "retry", "retry_per_tool")
+_POLICY_TABLES: Final = ("polling_tools", "retry", "retry_per_tool", "polls")
 _LIMIT_TABLES: Final = ("tool_caps", "levels")
 _NORMALIZER_KEYS: Final = ("volatile_keys_add", "volatile_keys_remove", "max_bytes")
 _SECTIONS: Final = ("policy", "normalizer", "limits", "digest", "engine", "serve")
 _POLICY_FILE_TOP: Final = ("version", "preset", "policy", "normalizer")
 _RETRY_KEYS: Final = tuple(f.name for f in fields(RetryPolicy) if f.init)
+_POLL_KEYS: Final = tuple(f.name for f in fields(Poll) if f.init)
 _LEVEL_KEYS: Final = tuple(f.name for f in fields(Levels) if f.init)
 _LIST_VARS: Final = ("volatile_keys", "polling_tools", "tool_caps")
 """Settings given as space-separated lists in variables (``TRIPWIRE_POLLING_TOOLS="a b"``)."""
@@ -402,6 +403,20 @@ def _retry(origin: str, data: Any, source: str) -> RetryPolicy:
         raise ConfigError(origin, _short(data), f"valid RetryPolicy settings ({exc})") from None
 
 
+def _poll(origin: str, data: Any, source: str) -> Poll:
+    table = _table(origin, data, source)
+    _unknown(origin, table, _POLL_KEYS, source)
+    for key in _POLL_KEYS:
+        if key not in table:
+            raise ConfigError(
+                f"{origin}.{key}", None, "a number of seconds (interval_s and max_wait_s are both required)"
+            )
+    try:
+        return Poll(**table)
+    except ConfigError as exc:
+        raise ConfigError(f"{origin}.{exc.field.removeprefix('Poll.')}", exc.value, exc.expected) from None
+
+
 def read_toml(path: str | os.PathLike[str], origin: str, what: str = "the file") -> Mapping[str, Any]:
     """Read a TOML file; every failure is a :class:`ConfigError` whose ``field`` is ``origin``.
 
@@ -498,6 +513,11 @@ def _parse_file(data: Mapping[str, Any], source: str, *, policy_only: bool) -> _
             table = _table(f"policy.{key}", value, source)
             layer.policy[key] = (
                 {t: _retry(f"policy.{key}.{t}", rp, source) for t, rp in table.items()}, origin
+            )
+        elif key == "polls":
+            table = _table(f"policy.{key}", value, source)
+            layer.policy[key] = (
+                {t: _poll(f"policy.{key}.{t}", poll, source) for t, poll in table.items()}, origin
             )
         else:  # a LoopPolicy field without a parser here: the policy checks it
             layer.policy[key] = (value, origin)

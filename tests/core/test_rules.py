@@ -8,7 +8,7 @@ from tripwire.core.events import ToolCall
 from tripwire.core.policy import DEFAULT_POLICY, SEED_POLICY, LoopPolicy
 from tripwire.core.reasons import Rule, Verdict
 from tripwire.core.rules import NEVER, RETRY_OF_NON_RETRYABLE, RULES, TripLimits, rule_entry
-from tripwire.core.signature import DEFAULT_NORMALIZER
+from tripwire.core.signature import DEFAULT_NORMALIZER, EMPTY_RESULT
 from tripwire.core.watch import Assessment, RunState, evaluate
 
 
@@ -59,15 +59,19 @@ TRIPPING = {
     ),
     "same_result": (
         LoopPolicy(revisit=None, revisit_share=None),
-        [ToolCall(tool="grep", arguments={"i": i}, result_digest="r") for i in range(8)],
+        [ToolCall(tool="grep", arguments={"i": i}, result_digest=EMPTY_RESULT) for i in range(8)],
     ),
     "revisit": (
         LoopPolicy(window=20, threshold=20, max_period=None, same_result=None, revisit_share=None),
-        [ToolCall(tool=f"t{i % 6}", arguments={"i": i % 6}, result_digest=f"r{i % 6}") for i in range(12)],
+        # six calls, then the same six out of order (an in-order replay would be a batch done again)
+        [ToolCall(tool=f"t{i}", arguments={"i": i}, result_digest=f"r{i}") for i in (*range(6), 5, 3, 1, 4, 2, 0)],
     ),
     "revisit_share": (
         LoopPolicy(threshold=10, max_period=None, same_result=None, revisit=None),
-        [ToolCall(tool=f"t{i % 9}", arguments={"i": i % 9}, result_digest=f"r{i % 9}") for i in range(18)],
+        [
+            ToolCall(tool=f"t{i}", arguments={"i": i}, result_digest=f"r{i}")
+            for i in (*range(9), 8, 6, 4, 2, 0, 7, 5, 3, 1)
+        ],
     ),
     "failure_share": (
         LoopPolicy(same_error=None),

@@ -14,7 +14,7 @@ import pytest
 from tripwire.core.events import Lease, ToolCall
 from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy, RetryPolicy
 from tripwire.core.reasons import Rule, Verdict
-from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, signature_of
+from tripwire.core.signature import DEFAULT_NORMALIZER, EMPTY_RESULT, Normalizer, signature_of
 from tripwire.core.watch import Assessment, RunState, evaluate
 from tripwire.testing import deep_sizeof, make_calls
 
@@ -369,43 +369,68 @@ def test_same_error_run_is_broken_by_another_error_or_a_success() -> None:
     assert run.trips == [(8, Rule.SAME_ERROR)]
 
 
-def _tour(n: int, result: str = "same") -> list[ToolCall]:
-    return [ToolCall(tool="open_file", arguments={"path": f"f{i}"}, result_digest=f"{result}{i}") for i in range(n)]
+def _tour(n: int, result: str = "same", order: list[int] | None = None) -> list[ToolCall]:
+    return [
+        ToolCall(tool="open_file", arguments={"path": f"f{i}"}, result_digest=f"{result}{i}")
+        for i in (order if order is not None else range(n))
+    ]
 
 
 def test_revisit_rule_catches_a_cycle_longer_than_the_window() -> None:
-    # 12 distinct calls, then the same 12 again with the same results: calls 13..18 each
-    # repeat an earlier (call, result) pair; the 6th in a row (call 18) trips, and the same
-    # results again are no evidence.
+    # 12 distinct calls, then the same ones again out of order with the same results: calls
+    # 13..18 each repeat an earlier (call, result) pair; the 6th in a row (call 18) trips, and
+    # the same results again are no evidence.
     policy = DEFAULT_POLICY.evolve(revisit=6)
-    run = Run(policy).feed(_tour(12) + _tour(5))
+    shuffled = [11, 3, 7, 0, 9, 5, 1, 10, 2, 8, 4, 6]
+    run = Run(policy).feed(_tour(12) + _tour(12, order=shuffled[:5]))
     assert run.trips == []
-    run.feed(_tour(6)[5:])
+    run.feed(_tour(12, order=shuffled[5:6]))
     assert run.trips == [(18, Rule.REVISIT)]
     assert (run.verdict, run.current.hits) == (Verdict.STUCK, 6)
 
 
+def test_a_stretch_done_again_in_order_is_a_revisit_only_the_third_time() -> None:
+    # A batch of 12 done twice, in the same order, with the same results (15 writes, each
+    # confirmed "done", then the same 15 again) is not a loop: past REPLAY_GRACE calls an
+    # in-order replay stops counting. The third time through, it trips at its 6th call.
+    policy = DEFAULT_POLICY.evolve(revisit=6, revisit_share=None)
+    run = Run(policy).feed(_tour(12) + _tour(12))
+    assert run.trips == []
+    # (the second round's first REPLAY_GRACE revisits still count: the third round adds three)
+    run.feed(_tour(12)[:2])
+    assert run.trips == []
+    run.feed(_tour(12)[2:3])
+    assert run.trips == [(27, Rule.REVISIT)]
+
+
 def test_revisit_with_new_results_is_not_a_revisit() -> None:
-    run = Run(DEFAULT_POLICY.evolve(revisit=6)).feed(_tour(12) + _tour(12, result="new"))
+    shuffled = [11, 3, 7, 0, 9, 5, 1, 10, 2, 8, 4, 6]
+    run = Run(DEFAULT_POLICY.evolve(revisit=6)).feed(_tour(12) + _tour(12, result="new", order=shuffled))
     assert run.trips == []
 
 
-def _search(i: int, result: str = "No matches found") -> ToolCall:
+def _search(i: int, result: str = EMPTY_RESULT) -> ToolCall:
     return ToolCall(tool="find_file", arguments={"name": f"config{i}.*"}, result_digest=result)
 
 
-def test_same_result_rule_trips_at_the_eighth_consecutive_same_result() -> None:
-    # Eight different searches, one answer: nothing new is learned. The default count is 8.
-    run = Run(DEFAULT_POLICY).feed([_search(i) for i in range(7)])
+def test_same_result_rule_trips_at_the_sixth_search_that_found_nothing() -> None:
+    # Six different searches, none found anything: nothing new is learned. The default is 6.
+    run = Run(DEFAULT_POLICY).feed([_search(i) for i in range(5)])
     assert run.trips == []
-    run.feed([_search(7)])
-    assert run.trips == [(8, Rule.SAME_RESULT)]
-    assert (run.verdict, run.current.hits) == (Verdict.STUCK, 8)
+    run.feed([_search(5)])
+    assert run.trips == [(6, Rule.SAME_RESULT)]
+    assert (run.verdict, run.current.hits) == (Verdict.STUCK, 6)
+
+
+def test_same_result_counts_only_results_that_found_nothing() -> None:
+    # Thirty lookups of different orders, all "shipped": a batch, not a loop.
+    shipped = DEFAULT_NORMALIZER.result_digest("shipped")
+    assert Run(DEFAULT_POLICY).feed([_search(i, result=shipped) for i in range(30)]).trips == []
 
 
 def test_same_result_streak_is_broken_by_another_tool_or_a_new_result() -> None:
     other = ToolCall(tool="open_file", arguments={"path": "a"}, result_digest="text")
-    calls = [_search(i) for i in range(5)] + [other] + [_search(i) for i in range(5, 12)]
+    calls = [_search(i) for i in range(5)] + [other] + [_search(i) for i in range(5, 10)]
     assert Run(DEFAULT_POLICY).feed(calls).trips == []
     fresh = [_search(i, result=f"found {chr(97 + i)}") for i in range(12)]
     assert Run(DEFAULT_POLICY).feed(fresh).trips == []
@@ -747,7 +772,8 @@ def test_windowed_revisit_catches_revisits_interleaved_with_new_calls() -> None:
     # Four searches, then the same four again and again with one new call between rounds: never
     # six revisits in a row, but 8 of the last 10 calls repeat an earlier call and its result.
     first = [_probe(i) for i in range(4)]
-    calls = [*first, _ok(100), *first, _ok(101), *first]
+    again = [_probe(i) for i in (2, 0, 3, 1)]  # out of order: not a batch done again
+    calls = [*first, _ok(100), *again, _ok(101), *again]
     policy = DEFAULT_POLICY.evolve(same_result=None)
     run = Run(policy).feed(calls)
     assert run.trips == [(14, Rule.REVISIT)]

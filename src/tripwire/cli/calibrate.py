@@ -49,6 +49,10 @@ _HELP = "\n\n".join(
         "share of the trace, and the share of the incidents' calls after the first flag (what "
         "stopping there saves). ★ marks the Pareto front, → the recommendation: the most "
         "catches with false alarms under --max-false-alarms.",
+        "With --line-alpha, it also learns a step line per agent (or per source, --line-per): "
+        "the tool-call count that healthy runs exceed with probability at most alpha "
+        "(split-conformal over the labelled healthy runs), and --write-limits writes it as "
+        "[limits] max_tool_calls in a tripwire.toml, to apply beside the loop rules.",
         "Exit codes: 0 OK; 1 no policy meets the false-alarm cap; 2 a usage error or "
         "unreadable input (unless --keep-going); 3 no trace at all in the input.",
     )
@@ -194,6 +198,30 @@ def calibrate(
             help="Processes for the grid (0 = one per CPU, at most 4). Results do not depend on it.",
         ),
     ] = 0,
+    line_alpha: Annotated[
+        float | None,
+        typer.Option(
+            "--line-alpha", envvar="TRIPWIRE_LINE_ALPHA", metavar="ALPHA", show_default=False,
+            help="Also learn a step line with this false-stop rate (e.g. 0.05: at most about 5% "
+            "of healthy runs go over it); needs at least (1-ALPHA)/ALPHA healthy runs per group.",
+        ),
+    ] = None,
+    line_per: Annotated[
+        str,
+        typer.Option(
+            "--line-per", envvar="TRIPWIRE_LINE_PER", metavar="agent|source|all",
+            help="Learn one line per agent (the trace's agent name), per source (the label's "
+            "'source'), or one for all runs.",
+        ),
+    ] = "agent",
+    write_limits: Annotated[
+        str | None,
+        typer.Option(
+            "--write-limits", envvar="TRIPWIRE_WRITE_LIMITS", metavar="FILE.toml", show_default=False,
+            help="Write the learned line as [limits] max_tool_calls to this new file; with more "
+            "than one group, one file per group (FILE.<group>.toml). Needs --line-alpha.",
+        ),
+    ] = None,
     keep_going: Annotated[
         bool,
         typer.Option(
@@ -218,6 +246,12 @@ def calibrate(
     if plot is not None:
         _check_plot(plot)  # before the grid runs, not after
     max_bytes = parse_size("--max-file-size", max_file_size)
+    if line_per not in ("agent", "source", "all"):
+        abort_plain(f"--line-per takes agent, source or all; got {line_per!r}")
+    if line_alpha is not None and not 0 < line_alpha < 1:
+        abort_plain(f"--line-alpha takes a false-stop rate above 0 and below 1 (e.g. 0.05); got {line_alpha:g}")
+    if write_limits is not None and line_alpha is None:
+        abort_plain("--write-limits writes a learned step line: pass --line-alpha too (e.g. --line-alpha 0.05)")
     base, normalizer = resolve_policy(
         config=config,
         policy_file=policy_file,
@@ -304,6 +338,9 @@ def calibrate(
             typer.echo(msgspec.json.encode(result.scores[i].to_json()).decode())
     else:
         _table(result, order)
+
+    if line_alpha is not None:
+        _step_lines(labelled, line_alpha, line_per, write_limits)
 
     if plot is not None:
         from tripwire.replay.plot import PlotUnavailable, plot_calibration
@@ -414,3 +451,50 @@ def _table(result: object, order: list[int]) -> None:
             f"incidents, flags {rec.false_alarm_rate:.1%} of healthy traces",
             highlight=False,
         )
+
+
+def _step_lines(labelled: object, alpha: float, per: str, write_limits: str | None) -> None:
+    """Learn, print and (with ``--write-limits``) write the step line of each group."""
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from tripwire.replay.calibrate import learn_step_lines, limits_file_text
+
+    groups = learn_step_lines(labelled, alpha=alpha, per=per)  # type: ignore[arg-type]
+    table = Table(
+        title=f"step line per {per} · alpha {alpha:g} (split-conformal over healthy runs)",
+        title_justify="left",
+    )
+    for name in ("group", "healthy", "max_tool_calls", "incidents over", "healthy over"):
+        table.add_column(name, justify="left" if name == "group" else "right", no_wrap=True)
+    for g in groups:
+        if g.line is None:
+            table.add_row(g.group, str(g.healthy), "—", "—", "—")
+            err_console.print(f"[yellow]{g.group}:[/] {g.refused}", highlight=False)
+        else:
+            table.add_row(g.group, str(g.healthy), str(g.line.max_tool_calls),
+                          f"{g.incidents_over}/{g.incidents}", f"{g.healthy_over}/{g.healthy}")
+    out_console.print(table)
+    if write_limits is None:
+        return
+    learned = [g for g in groups if g.line is not None]
+    if not learned:
+        abort_plain("no step line could be learned (too few healthy runs in every group); nothing written")
+    target = Path(write_limits)
+    paths = {g.group: target for g in learned} if len(groups) == 1 else {
+        g.group: target.with_name(f"{target.stem}.{_safe(g.group)}{target.suffix or '.toml'}") for g in learned
+    }
+    for g in learned:
+        path = paths[g.group]
+        if path.exists():
+            abort_plain(f"{path} exists; tripwire calibrate writes only new files (pass another --write-limits)")
+        try:
+            path.write_text(limits_file_text(g))
+        except OSError as exc:
+            abort_plain(f"cannot write {path} ({exc.strerror or exc}); check the path")
+        err_console.print(f"[dim]{g.group}: max_tool_calls = {g.line.max_tool_calls if g.line else '-'} written to {path}[/]", highlight=False)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name) or "_"

@@ -23,11 +23,15 @@ __all__ = [
     "SEED_POLICY",
     "KeyMode",
     "LoopPolicy",
+    "Poll",
     "ResultEvidence",
     "RetryPolicy",
 ]
 
-POLICY_SCHEME: Final = "p1"
+POLICY_SCHEME: Final = "p2"
+"""Bump when what a rule computes changes in a way the fields do not show (p2: same_result counts
+only results that found nothing; in-order replays of a stretch count as revisits late; declared
+polls)."""
 
 
 class KeyMode(str, Enum):
@@ -108,6 +112,37 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Poll:
+    """A declared polling tool: asking again and getting the same answer is ``waiting``.
+
+    Repeating a declared poll with the same result is ``waiting`` while the same result has come
+    back for at most ``max_wait_s`` (measured from the first call that got it, on the calls'
+    own clock); after that it is ``stuck``. Without call times, the wait is counted in polls:
+    at most ``max_wait_s / interval_s`` polls after the first. A result that changes is
+    progress, as for any tool.
+    """
+
+    interval_s: float
+    """The expected time between two polls (also what turns the wait into a count of polls when
+    the calls carry no times)."""
+    max_wait_s: float
+    """How long the same result may keep coming back before the poll is stuck."""
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "max_wait_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
+                raise ConfigError(f"Poll.{name}", value, "a number of seconds above 0 and below 1e9")
+
+    def waited_too_long(self, waited_s: float | None, polls: int) -> bool:
+        """True when the same result has come back for longer than :attr:`max_wait_s` (or, with
+        no clock, for more polls than ``max_wait_s / interval_s`` after the first)."""
+        if waited_s is not None:
+            return waited_s > self.max_wait_s
+        return polls - 1 > self.max_wait_s / self.interval_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LoopPolicy:
     """When a run counts as looping, and what explains a repetition (leases, retries, evidence).
 
@@ -115,7 +150,7 @@ class LoopPolicy:
 
     The defaults are calibrated on 768 real recorded agent runs (issue 7; README, "How well it
     works"): results count as evidence for every tool (``result_evidence="all"``), cycles up to
-    8 calls (``max_period=8``), ``same_error=5``, ``same_result=8``, ``revisit=6``, ``revisit_share=0.8``
+    8 calls (``max_period=8``), ``same_error=5``, ``same_result=6``, ``revisit=6``, ``revisit_share=0.8``
     and ``failure_share=0.8`` are on. They deliberately
     differ from the first design's ``max_period=3`` with polling-only result evidence; the plain
     repetition rule is the ``seed`` preset (:data:`SEED_POLICY`), and :class:`LoopDetector`
@@ -137,9 +172,11 @@ class LoopPolicy:
     same_error: int | None = 5
     """Trip after this many consecutive failed calls with the same error class, whatever the
     arguments (``None`` = off)."""
-    same_result: int | None = 8
-    """Trip after this many consecutive calls of one tool that got the same result, whatever
-    their arguments (``None`` = off; needs recorded results)."""
+    same_result: int | None = 6
+    """Trip after this many consecutive calls of one tool that all found nothing (an empty
+    result: no output, ``[]``, "No matches found"), whatever their arguments (``None`` = off;
+    needs recorded results). Results that say something (a confirmation, a status) never count:
+    30 lookups that all answer "shipped" are a batch, not a loop."""
     revisit: int | None = 6
     """Trip after this many consecutive calls that each repeat an earlier call (same signature)
     *and* get the same result it got (``None`` = off; needs recorded results)."""
@@ -155,6 +192,9 @@ class LoopPolicy:
     (``None`` = off)."""
     result_evidence: ResultEvidence = ResultEvidence.ALL
     """Whose changed results count as progress: none, polling tools only, or every tool."""
+    polls: Mapping[str, Poll] = field(default_factory=dict)
+    """Declared polling tools by name: repeating one with the same result is ``waiting`` until
+    its :attr:`Poll.max_wait_s`, then ``stuck`` (see :class:`Poll`)."""
     polling_tools: frozenset[str] = frozenset()
     """Tools that legitimately repeat while waiting for something: a changed result is progress."""
     require_evidence: bool = False
@@ -215,6 +255,12 @@ class LoopPolicy:
         _positive_int("max_lease_renewals", self.max_lease_renewals, 0)
         _positive_int("confirm", self.confirm)
         object.__setattr__(self, "polling_tools", frozenset(self.polling_tools))
+        if not isinstance(self.polls, Mapping):
+            raise ConfigError("polls", self.polls, "a mapping of tool names to Poll values")
+        for tool, poll in self.polls.items():
+            if not isinstance(poll, Poll):
+                raise ConfigError(f"polls[{tool!r}]", poll, "a Poll(interval_s=..., max_wait_s=...)")
+        object.__setattr__(self, "polls", MappingProxyType(dict(self.polls)))
         for tool, rp in self.retry_per_tool.items():
             if not isinstance(rp, RetryPolicy):
                 raise ConfigError(f"retry_per_tool[{tool!r}]", rp, "a RetryPolicy")

@@ -37,8 +37,8 @@ class Rule(str, Enum):
     SAME_ERROR = "same_error"
     """Consecutive calls keep failing with the same error, whatever their arguments."""
     SAME_RESULT = "same_result"
-    """Consecutive calls of one tool keep getting the same result, whatever their arguments:
-    the agent varies the call but learns nothing new."""
+    """Consecutive calls of one tool all find nothing (an empty result), whatever their
+    arguments: the agent varies the call but learns nothing new."""
     REVISIT = "revisit"
     """Consecutive calls (or most of the recent ones) each repeat an earlier call of the run and
     get the same result it got: activity without new evidence, in a cycle too long for the

@@ -58,7 +58,7 @@ class TripLimits:
     same_error: int
     """Consecutive failures with the same error class."""
     same_result: int
-    """Consecutive calls of one tool with the same result."""
+    """Consecutive calls of one tool that found nothing (an empty result)."""
     revisit: int
     """Consecutive calls that revisit an earlier (call, result) pair."""
     revisit_share: int
@@ -227,7 +227,7 @@ RULES: Final[tuple[LoopRule, ...]] = (
         test=_same_result,
         group="same_result",
         results_are_evidence=False,
-        sentence="the last {hits} {tool} calls all got the same result, whatever their arguments",
+        sentence="the last {hits} {tool} calls all found nothing (an empty result), whatever their arguments",
         hint="tell the model this search is exhausted, or raise LoopPolicy(same_result=...)",
     ),
     LoopRule(

@@ -51,14 +51,16 @@ __all__ = [
     "ABSENT",
     "DEFAULT_NORMALIZER",
     "DEFAULT_VOLATILE_KEYS",
+    "EMPTY_RESULT",
     "MAX_CANONICAL_BYTES",
     "MAX_DEPTH",
+    "VOLATILE_TEXT",
     "Normalizer",
     "Signature",
     "signature_of",
 ]
 
-NORMALIZER_SCHEME: Final = "n2r3"
+NORMALIZER_SCHEME: Final = "n2r4"
 """Bump when the canonical form of arguments (n…) or results (r…) changes in a way the fields
 of :class:`Normalizer` don't show."""
 
@@ -250,6 +252,60 @@ class Signature(msgspec.Struct, frozen=True):
 
 
 _DIGITS: Final = b"0123456789"
+
+_UNIT: Final = rb"(?:ns|us|\xc2\xb5s|ms|s|secs?|seconds?|mins?|minutes?|h|hrs?|hours?)(?![A-Za-z0-9_])"
+
+VOLATILE_TEXT: Final = (
+    rb"(?<=sh: line \d)\d*(?=:)",  # a shell's command counter (bash: line 32619: cd: ...)
+    rb"(?<![\w.]\d)\d{3}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?(?:Z|[+-]\d\d:?\d\d)?)?",  # date, ISO time
+    rb"(?<![\w.:]\d)\d?:\d\d(?::\d\d(?:[.,]\d+)?)?(?![\w:])",  # clock time
+    rb"(?<![\w.-]\d)[0-9a-fA-F]{7}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(?![\w-])",  # UUID
+    rb"(?<![\w.]\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{7,}(?:-[0-9a-fA-F]{4,})*(?![\w-])",  # hex id, UUID
+    rb"(?<![\w.]\d)\d{3,}(?:\.\d+)?(?![\w.])",  # a number of 4+ digits: an id, a year, an epoch time
+    rb"(?<![\w.]\d)\d*(?:\.\d+)?\s?" + _UNIT,  # duration
+    rb"(?=(?:[A-Za-z]*\d){3})(?=\d*[A-Za-z])[A-Za-z0-9]{15,}(?![A-Za-z0-9])",  # request / random id
+)
+"""What a short result may carry that changes on every call without being new evidence. Each
+pattern continues a match that starts at a digit (so the scan only stops at digits); every
+match is replaced by one fixed token before hashing (``Normalizer.result_digest``): a
+timestamp, date or clock time, a duration with its unit, a hex id or UUID (8+ characters), a
+number of 7+ digits (epoch times, fresh ids), a shell's command counter, and a 16+ character
+mixed letter-and-digit token (request ids)."""
+
+_HEX_FROM_A_LETTER: Final = (
+    rb"(?<![0-9A-Za-z])(?=[a-fA-F]+\d)(?=[0-9a-fA-F]{8,}(?![\w]))[0-9a-fA-F]+(?:-[0-9a-fA-F]{4,})*(?![\w-])"
+)
+"""A hex id or UUID that starts with a letter (``e29b41d4…``): the one volatile value whose match
+cannot start at a digit."""
+
+_VOLATILE_TEXT_RE: Final = re.compile(rb"\d(?:" + b"|".join(VOLATILE_TEXT) + rb")|" + _HEX_FROM_A_LETTER)
+
+EMPTY_RESULT: Final = xxhash.xxh3_128_hexdigest(b"\x00nothing\x00", xxhash.xxh3_64_intdigest(b"\x00result\x00"))
+"""The digest of every result that found nothing: no output, an empty JSON value, or a short
+"no matches" / "not found" message (``Normalizer.result_digest``)."""
+
+_SHORT: Final = 200
+"""Results longer than this (in bytes) lose every digit before hashing; shorter ones keep their
+numbers and lose only what :data:`VOLATILE_TEXT` matches. In a long result (a file view, a
+build log, a page of JSON), a number that changed while the rest did not (the line count of a
+file the same edit keeps growing) is not new evidence; in a short one (a status line, ``line
+3``, ``45% done``) the number is the news."""
+
+_EMPTY_MAX: Final = 160
+"""Only results this short (in bytes, after canonicalization) can be "found nothing" messages."""
+
+_EMPTY_RE: Final = re.compile(
+    rb"\s*(?:"
+    rb'|\[\s*\]|\{\s*\}|null|none|""|' + rb"''"
+    rb"|(?:no|0|zero)\s+(?:\S+\s+){0,2}?(?:match(?:es)?|results?|hits|entries|items|records|rows|files|documents)\b.*"
+    rb"|nothing\s+(?:was\s+)?found\b.*"
+    rb"|.{0,120}\bnot\s+found[.!]?"
+    rb")\s*\Z",
+    re.IGNORECASE | re.DOTALL,
+)
+
+_EMPTY_STARTS: Final = frozenset((b"no", b"0 ", b"ze"))
+"""How a "found nothing" message without the word "found" starts (a cheap test before the regex)."""
 
 _SEEDS_MAX: Final = 4096
 _JSON_SEEDS: Final[dict[str, int]] = {}
@@ -572,19 +628,29 @@ class Normalizer:
     def result_digest(self, value: Any) -> str:
         """The digest of a tool *result*, as progress evidence.
 
-        Digits are removed before hashing: counters, timestamps, durations, a shell's line
-        numbers and the new order id in every result of a side-effecting tool change on every
-        call without being new evidence, so a result that differs only in numbers is the same
-        result. Mappings are canonicalized like arguments (as sorted JSON, so that numbers stay
-        digits); text is canonicalized only when it is JSON carrying a volatile key (results of
-        one tool come from one piece of code, so their key order is stable, and parsing every
-        result would cost more than the rest of the call's bookkeeping).
+        Short results keep their small numbers: a page number, a count, a progress figure or a
+        log's ``line 3`` is what tells one status from the next, and masking every digit made
+        healthy paging, batch and polling work look like a loop. What changes on every call
+        without being evidence is masked instead (:data:`VOLATILE_TEXT`): timestamps, dates and
+        clock times, durations with a unit (``0.53s``, ``12 ms``), UUIDs and hex ids, numbers of
+        4 digits or more (a fresh order id, an epoch time), a shell's command counter and long
+        mixed letter-and-digit tokens (request ids). Results longer than :data:`_SHORT` bytes
+        (a file view, a build log) lose every digit: there a number that changed while the
+        text did not (the line count of a file the same edit keeps growing) is no news.
+        Mappings are canonicalized like arguments (volatile keys dropped, sorted JSON); text
+        is parsed only when it is JSON carrying a volatile key (results of one tool come from
+        one piece of code, so their key order is stable).
+
+        A result that found nothing (no output, ``None``, ``[]``, ``{}``, ``null``, a short
+        "No matches found" / "0 results" / "not found" message) digests to
+        :data:`EMPTY_RESULT` whatever its wording: eight different searches that all found
+        nothing got one result, and the same-result rule counts exactly these.
 
         32 hex characters of XXH3-128, seeded apart from argument digests.
         """
         if value is ABSENT or value is None:
-            payload = b""
-        elif isinstance(value, (str, bytes, bytearray, memoryview)):
+            return EMPTY_RESULT
+        if isinstance(value, (str, bytes, bytearray, memoryview)):
             raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else bytes(value)
             payload = raw
             # Above the cap the text is never parsed: skip the scan too.
@@ -594,7 +660,19 @@ class Normalizer:
                     payload = _json_bytes(self._strip(obj))
         else:
             payload = _json_bytes(self._normalize(value))
-        return _xxh3_128_hex(payload.translate(None, _DIGITS), _RESULT_SEED)
+        size = len(payload)
+        if size > _SHORT:
+            return _xxh3_128_hex(payload.translate(None, _DIGITS), _RESULT_SEED)
+        if size <= _EMPTY_MAX:
+            bare = payload.strip()
+            # a cheap test first: only these can be "found nothing" messages
+            maybe = len(bare) <= 4 or b"ound" in bare or bare[:2].lower() in _EMPTY_STARTS
+            if maybe and _EMPTY_RE.match(bare) is not None:
+                return EMPTY_RESULT
+        stripped = payload.translate(None, _DIGITS)
+        if len(stripped) == size:  # no digit: nothing to mask (every pattern starts at one)
+            return _xxh3_128_hex(payload, _RESULT_SEED)
+        return _xxh3_128_hex(_VOLATILE_TEXT_RE.sub(b"\x00v", payload), _RESULT_SEED)
 
     def _parse(self, raw: bytes) -> Any:
         """The decoded JSON document ``raw`` (at most the cap), or ``_NOT_JSON``."""

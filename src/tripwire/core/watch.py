@@ -44,12 +44,29 @@ from tripwire.core.events import Lease, ToolCall
 from tripwire.core.policy import KeyMode, LoopPolicy
 from tripwire.core.reasons import Rule, Verdict
 from tripwire.core.rules import RETRY_OF_NON_RETRYABLE, RULES, LoopRule, loop_message
-from tripwire.core.signature import Normalizer, Signature
+from tripwire.core.signature import EMPTY_RESULT, Normalizer, Signature
 from tripwire.errors import LoopDetected
 
 __all__ = ["COMPILED", "Assessment", "Failure", "RunState", "evaluate", "preview"]
 
 _MASK64: Final = (1 << 64) - 1
+
+_EMPTY: Final = hash(EMPTY_RESULT) or 1
+"""The ring's hash of a result that found nothing (what the same-result rule counts)."""
+
+_FAILURE_RULES: Final = frozenset((Rule.SAME_ERROR, Rule.FAILURES))
+"""Rules a declared poll never explains: failing is not waiting."""
+
+REPLAY_GRACE: Final = 3
+"""How many revisits in a row an in-order replay of an earlier stretch may count (revisit rule).
+
+A revisit whose earlier occurrence comes right after the previous revisit's is part of an
+in-order replay: the same stretch of calls done again, in the same order, with the same
+results. The first few such calls count (re-reading a file from the top, a search run again);
+past this many, a replay counts only where its pair has come back at least twice before (the
+third time through). A batch done twice (15 writes, then the same 15 again, each answered
+"done") is not a loop; the same batch a third time is. On the recorded runs this removes a
+false alarm and loses one runaway of 65 (see the README, "How well it works")."""
 
 
 class Failure(NamedTuple):
@@ -168,14 +185,18 @@ class RunState:
         "lease",
         "marks",
         "outcome_run",
+        "polls",
         "progress",
         "recent",
+        "replay_at",
+        "replay_run",
         "results",
         "revisit_run",
         "revisits_recent",
         "runs",
         "seen",
         "seen_at",
+        "seen_meta",
     )
 
     def __init__(self, window: int, max_period: int) -> None:
@@ -201,6 +222,16 @@ class RunState:
         C-level ``find`` answers "seen before?" in a few hundred bytes (revisit rule)."""
         self.seen_at = 0
         """Next slot of the ``seen`` ring."""
+        self.seen_meta: list[int] | None = None
+        """Per ``seen`` slot: the 1-based call index of the pair's first occurrence times 256,
+        plus how many times it has occurred (capped at 255)."""
+        self.replay_at = -2
+        """The first-occurrence index of the pair the previous call revisited (-2: none)."""
+        self.replay_run = 0
+        """Consecutive revisits that follow an earlier stretch in order (an in-order replay)."""
+        self.polls: dict[str, tuple[int, float | None, int]] | None = None
+        """Per declared poll tool: the result hash of its last call, when that result first
+        came back (call time), and how many polls in a row got it."""
         self.last_tool: str | None = None
         """The previous call's tool (same-result rule)."""
         self.last_result = 0
@@ -414,10 +445,10 @@ def _observe(
         marks[slot] = failed
         state.failed_recent += failed
 
-    # Same-result streak: only a recorded result can continue or start one.
-    if result:
+    # Same-result streak: consecutive calls of one tool that found nothing.
+    if result == _EMPTY:
         tool = call.tool
-        if result == state.last_result and tool == state.last_tool:
+        if state.last_result == _EMPTY and tool == state.last_tool:
             state.outcome_run += 1
         else:
             state.outcome_run = 1
@@ -426,6 +457,8 @@ def _observe(
     elif state.last_result or state.outcome_run:
         state.outcome_run = 0
         state.last_result = 0
+    if policy.polls and call.tool in policy.polls:
+        _track_poll(state, call, result, now_s)
 
     # --- retry of a non-retryable failure: decided before anything else, never delayed ----
     prior: Failure | None = None
@@ -624,17 +657,48 @@ def _track_revisit(state: RunState, policy: LoopPolicy, args_key: int, result: i
     if seen is None:
         seen = state.seen = bytearray(8 * policy.revisit_memory)
     packed = ((args_key ^ result) & _MASK64 or 1).to_bytes(8, "little")
+    meta = state.seen_meta
+    if meta is None:
+        meta = state.seen_meta = [0] * policy.revisit_memory
     at = seen.find(packed)
     while at > 0 and at % 8:  # a match straddling two entries is no match
         at = seen.find(packed, at + 1)
     if at >= 0:
+        slot = at >> 3
+        first, times = divmod(meta[slot], 256)
+        times = min(times + 1, 255)
+        meta[slot] = first * 256 + times
+        in_order = first == state.replay_at + 1
+        state.replay_at = first
+        if in_order:
+            state.replay_run += 1
+            if state.replay_run >= REPLAY_GRACE and times < 3:
+                return False  # a stretch done again in order: counts from the third time through
+        else:
+            state.replay_run = 0
         state.revisit_run += 1
         return True
     state.revisit_run = 0
+    state.replay_run = 0
+    state.replay_at = -2
     slot = state.seen_at
     seen[slot * 8 : slot * 8 + 8] = packed
+    meta[slot] = state.calls * 256 + 1
     state.seen_at = (slot + 1) % policy.revisit_memory
     return False
+
+
+def _track_poll(state: RunState, call: ToolCall, result: int, now_s: float | None) -> None:
+    """Remember since when a declared poll has been getting the result it got now."""
+    polls = state.polls
+    if polls is None:
+        polls = state.polls = {}
+    at = call.start_s if call.start_s is not None else (call.end_s if call.end_s is not None else now_s)
+    last = polls.get(call.tool)
+    if last is not None and last[0] == result:
+        polls[call.tool] = (result, last[1], last[2] + 1)
+    else:
+        polls[call.tool] = (result, at, 1)
 
 
 def _remember_failure(
@@ -718,6 +782,26 @@ def _decide(
                 f"{what}, while {lease.owner} holds a lease until t={lease.deadline_s:g}",
             )
 
+    # 1b. a declared poll getting the same answer, inside its maximum wait
+    poll = policy.polls.get(call.tool) if policy.polls else None
+    tracked = state.polls.get(call.tool) if poll is not None and state.polls else None
+    if poll is not None and tracked is not None and tracked[2] >= 2 and entry.rule not in _FAILURE_RULES:
+        at = call.start_s if call.start_s is not None else (call.end_s if call.end_s is not None else now_s)
+        waited = at - tracked[1] if at is not None and tracked[1] is not None else None
+        same = f"the same result for {waited:g} s" if waited is not None else f"the same result {tracked[2]}×"
+        if not poll.waited_too_long(waited, tracked[2]):
+            return verdict(
+                Verdict.WAITING,
+                f"{what}; {call.tool} is a declared poll with {same}, inside its maximum wait of "
+                f"{poll.max_wait_s:g} s",
+            )
+        if tracked[0]:
+            return verdict(
+                Verdict.STUCK,
+                f"{what}; {call.tool} is a declared poll, but it has returned {same}, past its "
+                f"maximum wait of {poll.max_wait_s:g} s",
+            )
+
     # 2. a retry policy: the previous identical call failed with an error it covers, this is
     # attempt <= max_attempts, and the gap since that failure follows the schedule.
     retry = policy.retry_for(call.tool)
@@ -766,7 +850,18 @@ def _decide(
         return verdict(Verdict.UNCERTAIN, f"{what}; {_ARGS_SWITCH}")
 
     # 4. nothing explains it
+    if poll is None and entry.rule in (Rule.REPETITION, Rule.PERIOD) and results is not None:
+        # The calls got the same results: it may be a poll nobody declared.
+        return verdict(Verdict.STUCK, f"{what} with no new evidence; {_declare_poll(call.tool)}")
     return verdict(Verdict.STUCK, f"{what} with no new evidence")
+
+
+def _declare_poll(tool: str) -> str:
+    return (
+        f"if {tool} polls something that takes time, declare it: "
+        f"LoopPolicy(polls={{{tool!r}: Poll(interval_s=..., max_wait_s=...)}}), or "
+        f"[policy.polls.{tool}] interval_s = ..., max_wait_s = ... in tripwire.toml"
+    )
 
 
 def _results_changed(results: Sequence[int], slots: list[int], rule: Rule, period: int) -> bool:

@@ -49,10 +49,13 @@ __all__ = [
     "Labelled",
     "PolicyScore",
     "StepLine",
+    "StepLineGroup",
     "assign_labels",
     "calibrate",
     "default_grid_axes",
     "learn_step_line",
+    "learn_step_lines",
+    "limits_file_text",
     "load_labels",
     "min_runs_for",
     "pareto_front",
@@ -77,6 +80,8 @@ class Label:
     """True for an incident, False for a healthy run."""
     incident_from: int = 1
     """The 1-based tool call at which the incident began (delays are counted from it)."""
+    source: str | None = None
+    """Where the run came from (the label's ``source``), for a learned line per source."""
 
 
 @dataclass(slots=True)
@@ -163,7 +168,8 @@ def load_labels(
         if isinstance(start, bool) or not isinstance(start, int) or start < 1:
             out.problems.append(Problem(text_path, "'incident_from' must be a call index >= 1", number))
             continue
-        label = Label(incident=value, incident_from=start)
+        source = obj.get("source")
+        label = Label(incident=value, incident_from=start, source=source if isinstance(source, str) and source else None)
         trace_id = obj.get("trace_id")
         file = obj.get("file")
         if isinstance(trace_id, str) and trace_id:
@@ -536,9 +542,93 @@ def learn_step_line(counts: Iterable[int], *, alpha: float = 0.05) -> StepLine:
             f"at least {need} for alpha={alpha:g}",
             message=(
                 f"a step line at alpha={alpha:g} needs at least {need} healthy runs, got {n}: "
-                "label more healthy runs of this agent, or accept a larger alpha"
+                "label more healthy runs of this agent or source, or accept a larger alpha"
             ),
         )
     rank = math.ceil((n + 1) * (1 - a))
     values.sort()
     return StepLine(max_tool_calls=values[rank - 1], alpha=float(alpha), runs=n, rank=rank)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepLineGroup:
+    """The learned line of one agent or source (or why there is none), with what it would flag."""
+
+    group: str
+    """The agent name, the source, or ``all``."""
+    line: StepLine | None
+    """The line; ``None`` when there were too few healthy runs (see :attr:`refused`)."""
+    refused: str = ""
+    """Why no line was learned (the :func:`learn_step_line` message)."""
+    healthy: int = 0
+    """Healthy runs of the group."""
+    incidents: int = 0
+    """Incidents of the group."""
+    incidents_over: int = 0
+    """Incidents with more tool calls than the line (what it would stop; learned in-sample)."""
+    healthy_over: int = 0
+    """Healthy runs with more tool calls than the line (in-sample, at most about ``alpha``)."""
+
+
+def learn_step_lines(
+    labelled: Sequence[Labelled], *, alpha: float = 0.05, per: str = "agent"
+) -> list[StepLineGroup]:
+    """A step line per agent (``per="agent"``: the trace's agent name), per source (``"source"``:
+    the label's ``source``) or for all runs together (``"all"``), from the healthy runs.
+
+    Groups are sorted by name; runs without an agent name or source go to the group ``-``.
+
+    Raises:
+        ConfigError: ``per`` or ``alpha`` is invalid.
+    """
+    if per not in ("agent", "source", "all"):
+        raise ConfigError("per", per, "'agent', 'source' or 'all'")
+    _check_alpha(alpha)
+    groups: dict[str, list[Labelled]] = {}
+    for item in labelled:
+        if per == "all":
+            name = "all"
+        elif per == "agent":
+            name = item.trace.agent or "-"
+        else:
+            name = item.label.source or "-"
+        groups.setdefault(name, []).append(item)
+    out: list[StepLineGroup] = []
+    for name in sorted(groups):
+        items = groups[name]
+        healthy = [len(x.trace.calls) for x in items if not x.label.incident]
+        incidents = [len(x.trace.calls) for x in items if x.label.incident]
+        try:
+            line = learn_step_line(healthy, alpha=alpha)
+        except ConfigError as exc:
+            out.append(StepLineGroup(group=name, line=None, refused=str(exc), healthy=len(healthy),
+                                     incidents=len(incidents)))
+            continue
+        cap = line.max_tool_calls
+        out.append(
+            StepLineGroup(
+                group=name,
+                line=line,
+                healthy=len(healthy),
+                incidents=len(incidents),
+                incidents_over=sum(c > cap for c in incidents),
+                healthy_over=sum(c > cap for c in healthy),
+            )
+        )
+    return out
+
+
+def limits_file_text(group: StepLineGroup) -> str:
+    """A configuration file holding the learned line as ``[limits] max_tool_calls``."""
+    if group.line is None:
+        raise ConfigError("line", None, "a learned line", message=group.refused)
+    line = group.line
+    return (
+        f"# Learned by tripwire calibrate for {group.group}: the tool-call count at rank {line.rank} "
+        f"of {line.runs} healthy runs, shortest first\n"
+        f"# (split-conformal, alpha={line.alpha:g}: about {line.alpha:.0%} of healthy runs like these go over it).\n"
+        "version = 1\n"
+        "\n"
+        "[limits]\n"
+        f"max_tool_calls = {line.max_tool_calls}\n"
+    )

@@ -29,6 +29,10 @@
     [policy.retry_per_tool.fetch_page]
     errors = ["http_503"]
 
+    [policy.polls.get_job_status]   # a declared poll: the same answer is waiting, up to max_wait_s
+    interval_s = 10
+    max_wait_s = 600
+
     [normalizer]
     volatile_keys_add = ["cursor"]
     volatile_keys_remove = ["now"]
