@@ -390,3 +390,21 @@ def test_bad_settings_name_the_field() -> None:
     with pytest.raises(ConfigError) as err:
         Tripwire().run(h.agent, "q", stream=True)
     assert err.value.field == "stream"
+
+
+def test_the_example_runs() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root / "src"), env.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, str(root / "examples" / "smolagents_loop.py")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "stopped: loop_detected" in out.stdout
+    assert "receipt: loop_detected" in out.stdout

@@ -14,7 +14,8 @@ What it uses of smolagents, and why:
   and a restricted budget's refusal come back as the tool's result, which smolagents shows the
   model as the observation. A stop cannot end the run from inside a tool, since smolagents turns
   a tool's exception into an error observation and asks the model again; so the wrapper refuses
-  the call (the body does not run) and the step callback ends the run.
+  the call (the body does not run, the observation says why) and the step callback ends the
+  run.
 - **step_callbacks**, which run at the end of every step and whose exceptions propagate out of
   ``agent.run``: the callback reads the step's usage from smolagents' own ``ActionStep``
   (a custom ``Model`` emits no model spans), raises the stop, and counts the *next* step before
@@ -31,6 +32,7 @@ per agent instance, as smolagents itself requires. Every run hands its receipt t
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -194,15 +196,24 @@ class GuardedTool(Tool):  # type: ignore[misc]
         else:
             arguments = list(args)
         control = self._runs.current()
-        refusal = control.before_tool(self.name, arguments)  # a stop raises: see the module doc
+        try:
+            refusal = control.before_tool(self.name, arguments)
+        except RunStopped as exc:
+            # Raising here would only become an error observation (logged by smolagents with
+            # the raw arguments): refuse the call, and the step callback ends the run.
+            return f"Tool call refused: {exc}"
         if refusal is not None:
             return refusal
         try:
             result = self.wrapped(*args, sanitize_inputs_outputs=sanitize_inputs_outputs, **kwargs)
         except Exception as exc:
-            control.after_tool(self.name, arguments, error=exc)
+            with contextlib.suppress(RunStopped):  # kept on the run: the step callback raises it
+                control.after_tool(self.name, arguments, error=exc)
             raise
-        control.after_tool(self.name, arguments, result)
+        try:
+            control.after_tool(self.name, arguments, result)
+        except RunStopped as exc:
+            return f"Run stopped: {exc}"  # the step callback ends the run
         return result
 
 
