@@ -27,25 +27,7 @@ from .scripts import (
     order_calls,
     run_body,
 )
-
-needs_g1 = pytest.mark.xfail(
-    strict=True,
-    reason="Guard.before_tool refusing the 4th identical call before it runs is the guard "
-    "engineer's milestone (G1), not on main yet",
-)
-needs_g2 = pytest.mark.xfail(
-    strict=True, reason="Guard(on_loop='nudge') is the guard engineer's milestone (G2)"
-)
-needs_g3 = pytest.mark.xfail(
-    strict=True,
-    reason="the graceful last step's stop reason being the limit is the guard engineer's "
-    "milestone (G3)",
-)
-needs_g5 = pytest.mark.xfail(
-    strict=True,
-    reason="activity after a stop on the receipt (guard.after_stop, StopReceipt.after_stop) "
-    "is the guard and receipts engineers' milestone (G5)",
-)
+from .xfails import needs_g1, needs_g2, needs_g3, needs_g5, orders_flagged
 
 Model = Callable[[int, list[str], str | None], list[tuple[str, dict[str, Any]]] | str]
 """A scripted model: (call index, tool results seen so far, wrap-up text) -> tool calls or
@@ -186,11 +168,7 @@ def test_a_healthy_thirty_call_run_completes_untouched() -> None:
     assert got[0].counters.tool_calls == 30
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the default policy's same-result rule flags 30 different orders that all come "
-    "back 'shipped'; the detection engineer is fixing the rule",
-)
+@orders_flagged
 def test_thirty_different_orders_all_shipped_complete_untouched() -> None:
     counters = Counters()
     out = drive(new_run(), scripted(order_calls()), counters)

@@ -1,0 +1,234 @@
+"""Benchmark: the fleet service's receiver (``tripwire serve``), next to a plain receiver.
+
+Prints, in one run, spans per second for:
+
+1. decode only (the plain receiver: upb protobuf, or msgspec JSON, into span views) and
+   decode + detection (the fleet: mapping, signatures, the loop watcher, run records) on
+   batches of 512 GenAI tool spans in 64 traces, no HTTP; targets 150,000 spans/s (protobuf)
+   and 130,000 spans/s (JSON) per core;
+2. end to end over HTTP on loopback: a ``tripwire serve`` process (in-memory state, SQLite
+   store) fed by a client process on the same machine, next to the same app with detection
+   switched off; target 50,000 spans/s per receiver process; and the Redis-state figure.
+
+Every load loop is bounded in count and time, and sends only to 127.0.0.1.
+
+Run: ``python bench/bench_serve.py [--batches 40] [--http-seconds 5] [--no-http]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGET_PB = 150_000
+TARGET_JSON = 130_000
+TARGET_HTTP = 50_000
+_WORDS = (
+    "billing", "shipping", "returns", "warranty", "invoices", "accounts", "refunds", "orders",
+    "taxes", "pricing", "status", "privacy", "terms", "contact", "careers", "press", "support",
+    "api", "limits", "regions", "backup", "export", "import", "teams", "roles", "audit",
+)
+
+
+def _request(seed: int, spans: int = 512, traces: int = 64) -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    rng = random.Random(seed)
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    kv = rs.resource.attributes.add()
+    kv.key, kv.value.string_value = "service.name", "bench-agent"
+    ss = rs.scope_spans.add()
+    ss.scope.name = "bench"
+    base = 1_700_000_000_000_000_000 + seed * 10**12
+    for i in range(spans):
+        t = i % traces
+        span = ss.spans.add()
+        span.trace_id = (t + 1).to_bytes(16, "big")  # the same runs go on over the requests
+        span.span_id = (seed * 10**6 + i + 1).to_bytes(8, "big")
+        span.parent_span_id = (t + 1).to_bytes(8, "big")
+        span.name = "execute_tool search_docs"
+        span.start_time_unix_nano = base + i * 1_000_000
+        span.end_time_unix_nano = span.start_time_unix_nano + 500_000
+        looping = t % 4 == 0
+        query = "refund policy" if looping else " ".join(rng.choice(_WORDS) for _ in range(3))
+        for key, value in (
+            ("gen_ai.operation.name", "execute_tool"),
+            ("gen_ai.tool.name", "search_docs"),
+            ("gen_ai.tool.call.id", f"call_{seed}_{i}"),
+            ("gen_ai.tool.call.arguments", json.dumps({"query": query})),
+            ("gen_ai.tool.call.result", "No results." if looping else f"page about {query} " * 4),
+            ("thread.id", "1"),
+            ("code.function", "search_docs"),
+        ):
+            a = span.attributes.add()
+            a.key, a.value.string_value = key, value
+    return req.SerializeToString()
+
+
+def _json(body: bytes) -> bytes:
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(body)
+    message = MessageToDict(req)
+    import base64
+
+    for rs in message["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for span in ss["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    span[key] = base64.b64decode(span[key]).hex()
+    return json.dumps(message).encode()
+
+
+def _rate(fn, bodies: list[bytes], kind: str, rounds: int = 5) -> float:  # type: ignore[no-untyped-def]
+    rates = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        n = fn(bodies, kind)
+        rates.append(n / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def _decode_only(bodies: list[bytes], kind: str) -> int:
+    from tripwire.serve.otlp import decode_request
+
+    return sum(len(decode_request(b, kind).views) for b in bodies)
+
+
+def _decode_detect(bodies: list[bytes], kind: str) -> int:
+    from tripwire.serve.fleet import Fleet
+    from tripwire.serve.otlp import decode_request
+
+    fleet = Fleet(reorder_s=0, max_traces=10**6)
+    n = 0
+    for b in bodies:
+        views = decode_request(b, kind).views
+        n += len(views)
+        fleet.process(views, 1.0)
+    return n
+
+
+def _http(bodies: list[bytes], seconds: float, extra: list[str]) -> float:
+    """Spans/s through one ``tripwire serve`` process, fed by a client process."""
+    port = _free_port()
+    tmp = tempfile.mkdtemp()
+    env = dict(os.environ, TRIPWIRE_TOKEN="bench-token-0123456789abcdef")
+    server = subprocess.Popen(
+        [sys.executable, "-c", "from tripwire.cli import main; main()", "serve", "--port", str(port),
+         "--store", f"sqlite:///{tmp}/runs.db", "--reorder-ms", "0", *extra],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the bench server did not start")
+            time.sleep(0.1)
+        path = Path(tmp) / "bodies.bin"
+        with path.open("wb") as fh:
+            for b in bodies:
+                fh.write(len(b).to_bytes(4, "big") + b)
+        client = subprocess.run(
+            [sys.executable, __file__, "--client", str(port), str(path), str(seconds)],
+            capture_output=True, text=True, check=True, env=env, timeout=seconds + 60,
+        )
+        return float(client.stdout.strip().splitlines()[-1])
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+
+
+def _client(port: int, path: str, seconds: float) -> None:
+    """The load client: POST the bodies round and round for ``seconds`` (two connections)."""
+    import threading
+
+    import httpx
+
+    data = Path(path).read_bytes()
+    bodies = []
+    i = 0
+    while i < len(data):
+        n = int.from_bytes(data[i : i + 4], "big")
+        bodies.append(data[i + 4 : i + 4 + n])
+        i += 4 + n
+    spans_per = 512
+    sent = [0, 0]
+    stop = time.monotonic() + seconds
+    headers = {"Content-Type": "application/x-protobuf", "Authorization": "Bearer bench-token-0123456789abcdef"}
+
+    def worker(k: int) -> None:
+        with httpx.Client(timeout=30) as c:
+            j = k
+            while time.monotonic() < stop and j < 100_000:
+                r = c.post(f"http://127.0.0.1:{port}/v1/traces", content=bodies[j % len(bodies)], headers=headers)
+                if r.status_code == 200:
+                    sent[k] += spans_per
+                j += 2
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(sum(sent) / (time.monotonic() - t0))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--client":
+        _client(int(sys.argv[2]), sys.argv[3], float(sys.argv[4]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, default=40, help="requests of 512 spans (default 40)")
+    parser.add_argument("--http-seconds", type=float, default=5.0, help="length of each HTTP run")
+    parser.add_argument("--no-http", action="store_true", help="skip the end-to-end HTTP runs")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="Redis for the Redis-state run")
+    args = parser.parse_args()
+    from tripwire.serve.otlp import protobuf_backend
+
+    bodies = [_request(seed) for seed in range(args.batches)]
+    jbodies = [_json(b) for b in bodies]
+    print(f"protobuf backend: {protobuf_backend()}; {args.batches} requests of 512 GenAI tool spans, 64 traces each")
+    print(f"{'case':44} {'plain (decode)':>16} {'tripwire':>12} {'target':>9}")
+    for label, kind, data, target in (
+        ("protobuf: decode + detection, no HTTP", "application/x-protobuf", bodies, TARGET_PB),
+        ("OTLP/JSON: decode + detection, no HTTP", "application/json", jbodies, TARGET_JSON),
+    ):
+        plain = _rate(_decode_only, data, kind)
+        ours = _rate(_decode_detect, data, kind)
+        print(f"{label:44} {plain:>14,.0f}/s {ours:>10,.0f}/s {target:>8,}")
+    if not args.no_http:
+        ours = _http(bodies, args.http_seconds, ["--no-auth"])
+        redis = _http(bodies, args.http_seconds, ["--no-auth", "--redis", args.redis, "--state", "redis"])
+        print(f"{'HTTP end to end, in-memory state':44} {'':>16} {ours:>10,.0f}/s {TARGET_HTTP:>8,}")
+        print(f"{'HTTP end to end, state in Redis':44} {'':>16} {redis:>10,.0f}/s {'':>8}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""The agent's side of the fleet service's kill channel: stop at the next step after
+``tripwire serve`` judged this run stuck, in any framework.
+
+::
+
+    import tripwire.remote
+
+    tripwire.remote.connect(redis_url="redis://127.0.0.1:6379/0")   # or url="http://host:4318"
+    ...
+    tripwire.remote.check(trace_id)     # raises LoopDetected / BudgetExceeded once flagged
+
+:func:`connect` starts one daemon thread that keeps a local cache of flags: with Redis it
+subscribes to the service's pub/sub channel (a flag arrives within milliseconds) and also reads
+the keys of the runs this process asked about (a flag raised before the subscription is not
+missed); with only the service's URL it polls ``GET /api/flags/<trace_id>`` for those runs every
+``poll_s``. :func:`check` never touches the network: it is one dictionary lookup, so it is safe
+on the agent's hot path. A raised flag is also put into the in-process kill-flag registry
+(:data:`tripwire.otel.killswitch.KILL_FLAGS`) when the ``otel`` extra is installed, so
+``tripwire.check()`` and the framework integrations stop the run too.
+
+When the channel cannot be reached, ``on_unavailable`` decides: ``"fail_open"`` (default: the
+run goes on, logged once) or ``"fail_closed"`` (``check`` raises
+:class:`~tripwire.errors.BudgetExceeded` with reason ``user_cancelled`` once the channel has
+been unreachable for longer than ``grace_s``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Final, Literal
+
+from tripwire.core.reasons import Rule, StopReason
+from tripwire.errors import BudgetExceeded, ConfigError, LoopDetected, RunStopped
+
+__all__ = ["RemoteKill", "check", "connect", "disconnect", "exception_for"]
+
+logger = logging.getLogger("tripwire.remote")
+
+KEY_PREFIX: Final = "tripwire:kill:"
+CHANNEL: Final = "tripwire:kill"
+MAX_WATCHED: Final = 10_000
+"""Runs whose flag this process polls at most (least recently checked dropped first)."""
+
+
+def exception_for(payload: dict[str, Any]) -> RunStopped:
+    """The exception a flag's JSON stands for (what the in-process processor would raise)."""
+    kind = payload.get("kind")
+    reason = _reason(payload.get("reason"))
+    if kind == "loop":
+        try:
+            rule = Rule(payload.get("rule", "repetition"))
+        except ValueError:
+            rule = Rule.REPETITION
+        return LoopDetected(
+            rule=rule,
+            tool=str(payload.get("tool", ""))[:200],
+            hits=_int(payload.get("hits")),
+            window=_int(payload.get("window")),
+            period=_int(payload.get("period")) or 1,
+            call_index=_int(payload.get("call_index")),
+            digest=str(payload.get("digest", ""))[:16],
+            reason=reason,
+        )
+    message = str(payload.get("message") or "the fleet service stopped this run")[:500]
+    return BudgetExceeded(
+        message,
+        reason=reason or StopReason.USER_CANCELLED,
+        limit_name=str(payload.get("limit_name") or "operator"),
+        limit=_float(payload.get("limit")),
+        observed=_float(payload.get("observed")),
+        level="stop",
+    )
+
+
+class RemoteKill:
+    """A local cache of the fleet service's kill flags, kept fresh by one daemon thread.
+
+    Args:
+        redis_url: the Redis the service raises flags in (pub/sub + keys).
+        url: the service's base URL (``http://127.0.0.1:4318``), polled when there is no Redis.
+        token: the bearer token for ``url`` (default ``TRIPWIRE_TOKEN`` is *not* read here:
+            pass it; :func:`connect` reads the environment).
+        poll_s: how often the flags of the runs this process checks are re-read.
+        on_unavailable: ``"fail_open"`` or ``"fail_closed"`` (see the module docstring).
+        grace_s: how long the channel may be unreachable before ``fail_closed`` stops runs.
+    """
+
+    def __init__(
+        self,
+        *,
+        redis_url: str | None = None,
+        url: str | None = None,
+        token: str | None = None,
+        poll_s: float = 0.5,
+        on_unavailable: Literal["fail_open", "fail_closed"] = "fail_open",
+        grace_s: float = 5.0,
+    ) -> None:
+        if (redis_url is None) == (url is None):
+            raise ConfigError("redis_url/url", (redis_url, url), "exactly one of the two")
+        if on_unavailable not in ("fail_open", "fail_closed"):
+            raise ConfigError("on_unavailable", on_unavailable, "'fail_open' or 'fail_closed'")
+        if isinstance(poll_s, bool) or not isinstance(poll_s, (int, float)) or not 0 < poll_s <= 60:
+            raise ConfigError("poll_s", poll_s, "a number of seconds in (0, 60]")
+        self.redis_url = redis_url
+        self.url = url.rstrip("/") if url is not None else None
+        self.token = token
+        self.poll_s = float(poll_s)
+        self.on_unavailable = on_unavailable
+        self.grace_s = grace_s
+        self._flags: dict[str, dict[str, Any]] = {}
+        self._watched: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._down_since: float | None = None
+        self._warned = False
+        self._thread = threading.Thread(target=self._run, name="tripwire-remote", daemon=True)
+        self._thread.start()
+
+    # -- the agent's side ----------------------------------------------------------------------
+
+    def check(self, trace_id: str | int) -> None:
+        """Raise the run's stop if the service flagged it. One dict lookup; no network."""
+        tid = _hex(trace_id)
+        flag = self._flags.get(tid)
+        if flag is None:
+            if tid not in self._watched:
+                with self._lock:
+                    self._watched[tid] = None
+                    while len(self._watched) > MAX_WATCHED:
+                        self._watched.popitem(last=False)
+            down = self._down_since
+            if (
+                self.on_unavailable == "fail_closed"
+                and down is not None
+                and time.monotonic() - down > self.grace_s
+            ):
+                raise BudgetExceeded(
+                    "the fleet service's kill channel is unreachable and this agent is set to "
+                    "fail_closed: stopping the run (set on_unavailable='fail_open' to go on)",
+                    reason=StopReason.USER_CANCELLED,
+                    limit_name="kill_channel",
+                    limit=self.grace_s,
+                    observed=time.monotonic() - down,
+                    level="stop",
+                )
+            return
+        raise exception_for(flag)
+
+    def flagged(self, trace_id: str | int) -> dict[str, Any] | None:
+        """The run's flag JSON if one is up (no network)."""
+        return self._flags.get(_hex(trace_id))
+
+    def close(self) -> None:
+        """Stop the background thread (idempotent)."""
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    # -- the background thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.redis_url is not None:
+                    self._redis_loop()
+                else:
+                    self._http_loop()
+            except Exception as exc:
+                # The channel's own boundary: nothing here may kill the thread silently or
+                # reach the agent. Mark the channel down, log once, retry after a pause.
+                self._down(exc)
+                self._stop.wait(min(self.poll_s * 4, 2.0))
+
+    def _redis_loop(self) -> None:
+        import redis
+
+        client = redis.Redis.from_url(self.redis_url or "", socket_timeout=2, socket_connect_timeout=2)
+        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call, unused-ignore]
+        pubsub.subscribe(CHANNEL)
+        try:
+            self._up()
+            next_poll = 0.0
+            while not self._stop.is_set():
+                message = pubsub.get_message(timeout=min(self.poll_s, 0.2))
+                if message is not None and message.get("type") == "message":
+                    self._take(message.get("data"))
+                now = time.monotonic()
+                if now >= next_poll:
+                    next_poll = now + self.poll_s
+                    watched = list(self._watched)
+                    if watched:
+                        values = client.mget([KEY_PREFIX + t for t in watched])
+                        for tid, text in zip(watched, values, strict=True):
+                            if text is not None:
+                                self._take(text)
+                            elif tid in self._flags:
+                                self._flags.pop(tid, None)
+                    self._up()
+        finally:
+            pubsub.close()
+            client.close()
+
+    def _http_loop(self) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        with httpx.Client(base_url=self.url or "", headers=headers, timeout=2.0) as client:
+            while not self._stop.is_set():
+                watched = list(self._watched)
+                if watched:
+                    response = client.post("/api/flags", json={"trace_ids": watched[-1000:]})
+                    response.raise_for_status()
+                    flags = response.json().get("flags", {})
+                    for tid in watched[-1000:]:
+                        flag = flags.get(tid)
+                        if flag is not None:
+                            self._take(json.dumps(flag))
+                        else:
+                            self._flags.pop(tid, None)
+                self._up()
+                self._stop.wait(self.poll_s)
+
+    def _take(self, data: Any) -> None:
+        if isinstance(data, bytes):
+            data = data.decode("utf-8", "replace")
+        try:
+            payload = json.loads(data)
+        except (TypeError, ValueError):
+            return
+        if not isinstance(payload, dict) or not isinstance(payload.get("trace_id"), str):
+            return
+        tid = payload["trace_id"].lower()
+        if payload.get("cleared"):
+            self._flags.pop(tid, None)
+            _clear_local(tid)
+            return
+        if len(self._flags) >= MAX_WATCHED and tid not in self._flags:
+            self._flags.pop(next(iter(self._flags)))
+        self._flags[tid] = payload
+        _raise_local(tid, payload)
+
+    def _up(self) -> None:
+        if self._down_since is not None:
+            logger.warning("tripwire kill channel reachable again")
+        self._down_since = None
+
+    def _down(self, exc: Exception) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "tripwire kill channel unreachable (%s); runs go on (%s) until it is back",
+                type(exc).__name__,
+                self.on_unavailable,
+            )
+
+
+_DEFAULT: RemoteKill | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def connect(
+    *,
+    redis_url: str | None = None,
+    url: str | None = None,
+    token: str | None = None,
+    poll_s: float = 0.5,
+    on_unavailable: Literal["fail_open", "fail_closed"] = "fail_open",
+) -> RemoteKill:
+    """Start (once) the process-wide kill-channel cache; later calls return the same one.
+
+    Without arguments, ``TRIPWIRE_REDIS_URL`` or ``TRIPWIRE_URL`` (and ``TRIPWIRE_TOKEN``) name
+    the channel.
+    """
+    import os
+
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is not None:
+            return _DEFAULT
+        if redis_url is None and url is None:
+            redis_url = os.environ.get("TRIPWIRE_REDIS_URL") or None
+            url = None if redis_url else (os.environ.get("TRIPWIRE_URL") or None)
+        if token is None:
+            token = os.environ.get("TRIPWIRE_TOKEN") or None
+        _DEFAULT = RemoteKill(
+            redis_url=redis_url, url=url, token=token, poll_s=poll_s, on_unavailable=on_unavailable
+        )
+        return _DEFAULT
+
+
+def disconnect() -> None:
+    """Stop the process-wide cache started by :func:`connect` (tests, shutdown)."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is not None:
+            _DEFAULT.close()
+            _DEFAULT = None
+
+
+def check(trace_id: str | int) -> None:
+    """Raise the run's stop if the fleet service flagged it (no-op before :func:`connect`)."""
+    remote = _DEFAULT
+    if remote is not None:
+        remote.check(trace_id)
+
+
+def _hex(trace_id: str | int) -> str:
+    if isinstance(trace_id, int) and not isinstance(trace_id, bool):
+        return f"{trace_id:032x}"
+    if isinstance(trace_id, str):
+        return trace_id.lower()
+    raise ConfigError("trace_id", type(trace_id).__name__, "an int or 32 hex characters")
+
+
+def _reason(value: Any) -> StopReason | None:
+    try:
+        return StopReason(value)
+    except ValueError:
+        return None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _float(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def _raise_local(trace_id: str, payload: dict[str, Any]) -> None:
+    """Mirror the flag into the in-process registry, so tripwire.check() raises it too."""
+    try:
+        from tripwire.otel.killswitch import KILL_FLAGS
+    except ImportError:  # no otel extra: only remote.check() knows the flag
+        return
+    from tripwire.core.budget import Stop
+    from tripwire.core.reasons import Verdict
+    from tripwire.core.watch import Assessment
+
+    cause: Assessment | Stop
+    if payload.get("kind") == "loop":
+        exc = exception_for(payload)
+        assert isinstance(exc, LoopDetected)
+        cause = Assessment(
+            verdict=Verdict.STUCK,
+            rule=exc.rule,
+            tool=exc.tool,
+            digest=exc.digest,
+            hits=exc.hits,
+            period=exc.period,
+            window=exc.window,
+            call_index=exc.call_index,
+            reason=str(payload.get("message") or "")[:500],
+        )
+    else:
+        limit_name = str(payload.get("limit_name") or "operator")
+        cause = Stop(
+            reason=_reason(payload.get("reason")) or StopReason.USER_CANCELLED,
+            limit_name=limit_name,
+            limit=_float(payload.get("limit")),
+            observed=_float(payload.get("observed")),
+            counter=limit_name,
+            used=_float(payload.get("observed")),
+            message=str(payload.get("message") or "the fleet service stopped this run")[:500],
+        )
+    KILL_FLAGS.raise_flag(trace_id, cause)
+
+
+def _clear_local(trace_id: str) -> None:
+    try:
+        from tripwire.otel.killswitch import KILL_FLAGS
+    except ImportError:
+        return
+    KILL_FLAGS.clear(trace_id)

@@ -1,0 +1,581 @@
+"""The ASGI app of ``tripwire serve``: the OTLP/HTTP receiver, the runs API, metrics, health.
+
+Endpoints (every one but ``/healthz`` needs ``Authorization: Bearer <token>`` unless the
+service runs with ``--no-auth``):
+
+- ``POST /v1/traces``: OTLP/HTTP, ``application/x-protobuf`` or ``application/json``, gzip or
+  not. 200 with an ``ExportTraceServiceResponse`` (a partial success names how many spans were
+  rejected and why), 400 for a malformed payload, 413 over ``max_body_bytes``, 415 for another
+  content type, 503 with ``Retry-After`` when the receiver is saturated (OTLP exporters retry
+  those), 401 without a valid token.
+- ``GET /api/runs?verdict=&agent=&stop_reason=&health=&status=&since=&limit=&offset=``,
+  ``GET /api/runs/{trace_id}`` (the run, its verdict history, its calls, its receipt),
+  ``POST /api/runs/{trace_id}/kill`` | ``/resolve`` | ``/acknowledge``.
+- ``GET /api/flags/{trace_id}`` and ``POST /api/flags`` (``{"trace_ids": [...]}``): the kill
+  flags agents poll when there is no Redis.
+- ``GET /metrics`` (Prometheus), ``GET /healthz`` (alive), ``GET /readyz`` (store and Redis
+  reachable).
+
+Processing: a request is decoded and judged on the event loop (pure CPU, no I/O), then what
+must not be lost (verdict transitions, budget stops, alerts, receipts of ended runs) is written
+to the store and the kill flags are raised *before* the 200 goes out; counters and the calls'
+timeline are written behind by one writer thread within ``flush_s``. What a SIGKILL can lose is
+therefore bounded: the spans still in the reorder buffer (``reorder_s``), the unwritten counters
+of the last ``flush_s``, and the in-memory state of runs still going (their next spans start
+them afresh) — docs/serve.md has the measured figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tripwire.core.budget import Limits
+from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
+from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
+from tripwire.errors import ConfigError, InputError
+from tripwire.serve.alerts import Alerts, AlertTarget, Sender
+from tripwire.serve.fleet import Fleet, Outcome
+from tripwire.serve.killchannel import KillChannel, RedisKillChannel, StoreKillChannel, flag_payload
+from tripwire.serve.metrics import Metrics
+from tripwire.serve.otlp import BodyTooLarge, decode_request, decompress
+from tripwire.store.runs import Batch, RunStore
+
+__all__ = ["ServeConfig", "Service", "create_app"]
+
+logger = logging.getLogger("tripwire.serve")
+
+_PROTOBUF: Final = "application/x-protobuf"
+_JSON: Final = "application/json"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeConfig:
+    """Everything ``tripwire serve`` is configured with (see ``tripwire serve --help``)."""
+
+    store_url: str | None = None
+    """The run store (``sqlite:///…`` or ``postgresql://…``); default the user's SQLite file."""
+    redis_url: str | None = None
+    """Redis for the kill channel (and, with ``state="redis"``, per-trace state)."""
+    state: str = "memory"
+    """Where per-trace state lives: ``memory`` (route spans by trace id to one receiver) or
+    ``redis`` (stateless receivers behind any load balancer; needs ``redis_url``)."""
+    tokens: tuple[str, ...] = ()
+    """Accepted bearer tokens; empty with ``auth=False`` only."""
+    auth: bool = True
+    """Require a token on every endpoint but ``/healthz``."""
+    policy: LoopPolicy = DEFAULT_POLICY
+    limits: Limits = field(default_factory=Limits)
+    normalizer: Normalizer = DEFAULT_NORMALIZER
+    max_body_bytes: int = 16 * 1024 * 1024
+    """Largest request body accepted, before and after decompression (413 above)."""
+    max_inflight: int = 16
+    """Requests processed at once; more get 503 with Retry-After."""
+    max_buffered_spans: int = 200_000
+    """Spans waiting in the reorder buffer at most; more get 503 with Retry-After."""
+    reorder_s: float = 0.2
+    """How long a span waits for the earlier spans of its trace."""
+    flush_s: float = 0.25
+    """How often routine writes (counters, timelines) go to the store."""
+    idle_ttl_s: float = 300.0
+    """A trace quiet this long is ended (its receipt written as "went idle")."""
+    max_traces: int = 100_000
+    flag_ttl_s: float = 3600.0
+    store_raw: bool = False
+    """Keep raw tool arguments in the calls' timeline (off: digests only)."""
+    alerts: tuple[AlertTarget, ...] = ()
+    dashboard_url: str | None = None
+    """The public URL of the dashboard, for links in alerts."""
+
+
+class Service:
+    """One receiver: the fleet detector, the store, the kill channel, alerts and metrics."""
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        *,
+        store: RunStore | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.store = store if store is not None else RunStore.open(config.store_url)
+        self.metrics = Metrics()
+        options: dict[str, Any] = {
+            "policy": config.policy,
+            "limits": config.limits,
+            "normalizer": config.normalizer,
+            "reorder_s": config.reorder_s,
+            "max_traces": config.max_traces,
+            "idle_ttl_s": config.idle_ttl_s,
+            "store_raw": config.store_raw,
+        }
+        if config.state == "redis":
+            if not config.redis_url:
+                raise ConfigError("--state", "redis", "a --redis URL to keep the state in")
+            import redis
+
+            from tripwire.serve.shared_state import RedisFleet
+
+            client = redis.Redis.from_url(config.redis_url, socket_timeout=5, socket_connect_timeout=2)
+            self.fleet: Fleet = RedisFleet(client, **options)
+        elif config.state == "memory":
+            self.fleet = Fleet(**options)
+        else:
+            raise ConfigError("--state", config.state, "'memory' or 'redis'")
+        self.kill: KillChannel = (
+            RedisKillChannel.from_url(config.redis_url)
+            if config.redis_url
+            else StoreKillChannel(self.store)
+        )
+        self.alerts = Alerts(config.alerts, dashboard_url=config.dashboard_url)
+        self.sender = Sender(self.store, config.alerts)
+        self.inflight = 0
+        self._routine: queue.Queue[Batch | None] = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="tripwire-writer", daemon=True)
+        self._writer_started = False
+        self._closed = False
+        self._fleet_lock = threading.Lock()
+        self._warned: set[str] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if not self._writer_started:
+            self._writer_started = True
+            self._writer.start()
+
+    def close(self) -> None:
+        """Judge what is buffered, write everything, stop the writer (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._fleet_lock:
+            out = self.fleet.drain(self.clock())
+        self._apply_urgent(out)
+        if out.routine:
+            self.store.write(out.routine)
+        if self._writer_started:
+            self._routine.put(None)
+            self._writer.join(timeout=10)
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._routine.get()
+            if item is None:
+                return
+            merged = item
+            try:
+                while True:
+                    more = self._routine.get_nowait()
+                    if more is None:
+                        self._write_routine(merged)
+                        return
+                    merged.runs.extend(more.runs)
+                    merged.calls.extend(more.calls)
+            except queue.Empty:
+                pass
+            self._write_routine(merged)
+
+    def _write_routine(self, batch: Batch) -> None:
+        # Keep the newest row of each run only (rows are cumulative).
+        latest = {row.trace_id: row for row in batch.runs}
+        batch.runs = list(latest.values())
+        try:
+            self.store.write(batch)
+        except Exception as exc:
+            # The writer's boundary: a store outage must not kill the thread. The counters are
+            # cumulative, so the next write carries them again; timeline rows of this batch
+            # are lost (logged once per kind of failure).
+            self._log_once("routine:" + type(exc).__name__, "run store write failed: %r", exc)
+
+    # -- processing -----------------------------------------------------------------------------
+
+    def process(self, views: Sequence[Any], now: float, *, flush: bool = False) -> Outcome:
+        with self._fleet_lock:
+            out = self.fleet.process(views, now, flush=flush)
+        return out
+
+    def _apply_urgent(self, out: Outcome) -> None:
+        """Write what must not be lost, raise kill flags; then hand routine writes behind."""
+        now = self.clock()
+        m = self.metrics
+        for t in out.transitions:
+            m.transitions.labels(verdict=t.verdict if t.stop_reason is None else "budget_stop", rule=t.rule or t.stop_reason or "").inc()
+            out.urgent.alerts.extend(self.alerts.for_transition(t, now))
+        for row in out.ended_runs:
+            m.runs.labels(stop_reason=row.stop_reason or (row.receipt or {}).get("reason") or "none").inc()
+            out.urgent.alerts.extend(self.alerts.for_end(row.trace_id, row.agent, now))
+        m.tool_calls.inc(out.judged_calls)
+        if out.urgent:
+            self.store.write(out.urgent)
+        if out.kills:
+            payloads = [
+                flag_payload(k.trace_id, k.assessment or k.stop, at=now, message=k.message)
+                for k in out.kills
+            ]
+            try:
+                self.kill.raise_flags(payloads, self.config.flag_ttl_s)
+            except Exception as exc:
+                # Degrade: the run rows still say stuck; agents polling see nothing. Logged once.
+                self._log_once("kill:" + type(exc).__name__, "raising kill flags failed: %r", exc)
+            else:
+                for k in out.kills:
+                    m.kills.labels(reason=k.reason.value).inc()
+                self.store.mark_killed([k.trace_id for k in out.kills])
+        if out.routine:
+            if self._writer_started:
+                self._routine.put(out.routine)
+            else:
+                self.store.write(out.routine)
+
+    def _log_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned and len(self._warned) < 256:
+            self._warned.add(key)
+            logger.warning(message, *args)
+
+    # -- background ----------------------------------------------------------------------------
+
+    async def tick(self) -> None:
+        """Release due spans, end idle traces, write; called every ``flush_s``."""
+        out = self.process((), self.clock())
+        if out.urgent or out.kills or out.routine or out.transitions:
+            await asyncio.to_thread(self._apply_urgent, out)
+        self.metrics.active_traces.set(len(self.fleet))
+        self.metrics.queue_depth.set(self.inflight + self.fleet.buffered)
+
+    def authorized(self, request: Request) -> bool:
+        if not self.config.auth:
+            return True
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            cookie = request.cookies.get("tripwire_token")
+            if not cookie:
+                return False
+            token = cookie
+        given = token.strip().encode()
+        ok = False
+        for accepted in self.config.tokens:
+            ok |= hmac.compare_digest(given, accepted.encode())
+        return ok
+
+
+# -- HTTP ------------------------------------------------------------------------------------
+
+
+def _status_body(kind: str, code: int, message: str) -> tuple[bytes, str]:
+    """A ``google.rpc.Status`` in the request's encoding (OTLP's error body)."""
+    if kind == _PROTOBUF:
+        msg = message.encode()
+        out = bytearray()
+        out += b"\x08" + _varint(code)
+        out += b"\x12" + _varint(len(msg)) + msg
+        return bytes(out), _PROTOBUF
+    return json.dumps({"code": code, "message": message}).encode(), _JSON
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _success_body(kind: str, rejected: int, message: str) -> tuple[bytes, str]:
+    if kind == _PROTOBUF:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceResponse,
+        )
+
+        response = ExportTraceServiceResponse()
+        if rejected:
+            response.partial_success.rejected_spans = rejected
+            response.partial_success.error_message = message
+        return response.SerializeToString(), _PROTOBUF
+    body: dict[str, Any] = {}
+    if rejected:
+        body["partialSuccess"] = {"rejectedSpans": str(rejected), "errorMessage": message}
+    return json.dumps(body).encode(), _JSON
+
+
+def create_app(config: ServeConfig, *, service: Service | None = None) -> Starlette:
+    """The Starlette app (``uvicorn`` serves it: ``tripwire serve``)."""
+    svc = service if service is not None else Service(config)
+
+    def unauthorized() -> Response:
+        return JSONResponse(
+            {"error": "unauthorized", "detail": "send Authorization: Bearer <token>"},
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    async def traces(request: Request) -> Response:
+        kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if kind == "application/protobuf":
+            kind = _PROTOBUF
+        reply_kind = kind if kind in (_PROTOBUF, _JSON) else _JSON
+        if not svc.authorized(request):
+            svc.metrics.requests.labels(code="401").inc()
+            return unauthorized()
+        if kind not in (_PROTOBUF, _JSON):
+            body, media = _status_body(_JSON, 3, f"unsupported Content-Type {kind or '(none)'}: send application/x-protobuf or application/json")
+            svc.metrics.requests.labels(code="415").inc()
+            return Response(body, status_code=415, media_type=media)
+        if svc.inflight >= config.max_inflight or svc.fleet.buffered >= config.max_buffered_spans:
+            body, media = _status_body(reply_kind, 14, "the receiver is saturated; retry later")
+            svc.metrics.requests.labels(code="503").inc()
+            return Response(body, status_code=503, media_type=media, headers={"Retry-After": "1"})
+        length = request.headers.get("content-length")
+        if length is not None and length.isdecimal() and int(length) > config.max_body_bytes:
+            body, media = _status_body(reply_kind, 8, f"request body over {config.max_body_bytes} bytes")
+            svc.metrics.requests.labels(code="413").inc()
+            return Response(body, status_code=413, media_type=media)
+        svc.inflight += 1
+        started = time.perf_counter()
+        try:
+            raw = bytearray()
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > config.max_body_bytes:
+                    body, media = _status_body(reply_kind, 8, f"request body over {config.max_body_bytes} bytes")
+                    svc.metrics.requests.labels(code="413").inc()
+                    return Response(body, status_code=413, media_type=media)
+            try:
+                data = decompress(bytes(raw), request.headers.get("content-encoding"), max_bytes=config.max_body_bytes)
+            except InputError as exc:
+                too_big = isinstance(exc, BodyTooLarge)
+                code = 413 if too_big else 400
+                body, media = _status_body(reply_kind, 8 if too_big else 3, str(exc))
+                svc.metrics.requests.labels(code=str(code)).inc()
+                return Response(body, status_code=code, media_type=media)
+            try:
+                decoded = decode_request(data, kind)
+            except InputError as exc:
+                body, media = _status_body(reply_kind, 3, str(exc))
+                svc.metrics.requests.labels(code="400").inc()
+                svc.metrics.spans_rejected.labels(why="malformed_request").inc()
+                return Response(body, status_code=400, media_type=media)
+            now = svc.clock()
+            out = svc.process(decoded.views, now)
+            try:
+                await asyncio.to_thread(svc._apply_urgent, out)
+            except Exception as exc:
+                # The store is down: these spans were judged but their transitions could not be
+                # written. Tell the exporter to retry (it will resend the batch; duplicates of
+                # one span are counted once by call id).
+                svc._log_once("urgent:" + type(exc).__name__, "run store unavailable: %r", exc)
+                body, media = _status_body(reply_kind, 14, "the run store is unavailable; retry later")
+                svc.metrics.requests.labels(code="503").inc()
+                return Response(body, status_code=503, media_type=media, headers={"Retry-After": "2"})
+            svc.metrics.spans_received.inc(len(decoded.views))
+            if decoded.rejected:
+                svc.metrics.spans_rejected.labels(why="unreadable_span").inc(decoded.rejected)
+            body, media = _success_body(reply_kind, decoded.rejected, decoded.message)
+            svc.metrics.requests.labels(code="200").inc()
+            return Response(body, status_code=200, media_type=media)
+        finally:
+            svc.inflight -= 1
+            svc.metrics.latency.observe(time.perf_counter() - started)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        store_ok = await asyncio.to_thread(svc.store.ping)
+        kill_ok = await asyncio.to_thread(svc.kill.ping)
+        ok = store_ok and kill_ok
+        return JSONResponse(
+            {"status": "ready" if ok else "not ready", "store": store_ok, "kill_channel": kill_ok},
+            status_code=200 if ok else 503,
+        )
+
+    async def metrics(request: Request) -> Response:
+        if not svc.authorized(request):
+            return unauthorized()
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        svc.metrics.active_traces.set(len(svc.fleet))
+        svc.metrics.queue_depth.set(svc.inflight + svc.fleet.buffered)
+        return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def list_runs(request: Request) -> Response:
+        if not svc.authorized(request):
+            return unauthorized()
+        q = request.query_params
+        try:
+            limit = int(q.get("limit", "50"))
+            offset = int(q.get("offset", "0"))
+            since = _since(q.get("since"), svc.clock())
+        except ValueError as exc:
+            return JSONResponse({"error": "bad query", "detail": str(exc)}, status_code=400)
+        rows, total = await asyncio.to_thread(
+            svc.store.runs,
+            verdict=q.get("verdict"),
+            agent=q.get("agent"),
+            stop_reason=q.get("stop_reason"),
+            health=q.get("health"),
+            status=q.get("status"),
+            since=since,
+            limit=limit,
+            offset=offset,
+        )
+        return JSONResponse({"runs": [r.as_json() for r in rows], "total": total, "limit": limit, "offset": offset})
+
+    async def one_run(request: Request) -> Response:
+        if not svc.authorized(request):
+            return unauthorized()
+        trace_id = request.path_params["trace_id"].lower()
+        row = await asyncio.to_thread(svc.store.run, trace_id)
+        if row is None:
+            return JSONResponse({"error": "no such run", "trace_id": trace_id}, status_code=404)
+        history = await asyncio.to_thread(svc.store.verdicts, trace_id)
+        calls = await asyncio.to_thread(svc.store.calls, trace_id)
+        flag = await asyncio.to_thread(svc.kill.get, trace_id, svc.clock())
+        body = row.as_json()
+        body["verdicts"] = [_slots(v) for v in history]
+        body["calls"] = [_slots(c) for c in calls]
+        body["flag"] = flag
+        return JSONResponse(body)
+
+    async def act(request: Request) -> Response:
+        if not svc.authorized(request):
+            return unauthorized()
+        trace_id = request.path_params["trace_id"].lower()
+        action = request.path_params["action"]
+        row = await asyncio.to_thread(svc.store.run, trace_id)
+        if row is None:
+            return JSONResponse({"error": "no such run", "trace_id": trace_id}, status_code=404)
+        now = svc.clock()
+        if action == "kill":
+            payload = flag_payload(trace_id, None, at=now, message="killed by an operator", by="operator")
+            await asyncio.to_thread(svc.kill.raise_flag, payload, svc.config.flag_ttl_s)
+            await asyncio.to_thread(svc.store.set_flags, trace_id, killed=True)
+        elif action == "resolve":
+            await asyncio.to_thread(svc.kill.clear, trace_id)
+            await asyncio.to_thread(svc.store.set_flags, trace_id, resolved=True, killed=False)
+        elif action == "acknowledge":
+            await asyncio.to_thread(svc.store.set_flags, trace_id, acknowledged=True)
+        else:
+            return JSONResponse({"error": "unknown action", "accepted": ["kill", "resolve", "acknowledge"]}, status_code=404)
+        row = await asyncio.to_thread(svc.store.run, trace_id)
+        assert row is not None
+        return JSONResponse({"ok": True, "action": action, "run": row.as_json()})
+
+    async def one_flag(request: Request) -> Response:
+        if not svc.authorized(request):
+            return unauthorized()
+        trace_id = request.path_params["trace_id"].lower()
+        flag = await asyncio.to_thread(svc.kill.get, trace_id, svc.clock())
+        return JSONResponse({"trace_id": trace_id, "flag": flag})
+
+    async def many_flags(request: Request) -> Response:
+        if not svc.authorized(request):
+            return unauthorized()
+        try:
+            body = await request.json()
+            ids = body["trace_ids"]
+            if not isinstance(ids, list) or len(ids) > 1000 or not all(isinstance(i, str) for i in ids):
+                raise ValueError
+        except (ValueError, KeyError, TypeError):
+            return JSONResponse({"error": "send {\"trace_ids\": [up to 1000 hex ids]}"}, status_code=400)
+        now = svc.clock()
+
+        def read() -> dict[str, Any]:
+            found = {}
+            for tid in ids:
+                flag = svc.kill.get(tid.lower(), now)
+                if flag is not None:
+                    found[tid.lower()] = flag
+            return found
+
+        return JSONResponse({"flags": await asyncio.to_thread(read)})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        svc.start()
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            while not stop.is_set():
+                try:
+                    await svc.tick()
+                except Exception as exc:  # the background boundary: log once, keep ticking
+                    svc._log_once("tick:" + type(exc).__name__, "background processing failed: %r", exc)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=config.flush_s)
+
+        async def sender() -> None:
+            import httpx
+
+            async with httpx.AsyncClient() as client:
+                while not stop.is_set():
+                    try:
+                        await svc.sender.deliver_due(svc.clock(), client)
+                    except Exception as exc:  # a store outage: retry on the next round
+                        svc._log_once("alerts:" + type(exc).__name__, "alert delivery failed: %r", exc)
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=0.5)
+                with contextlib.suppress(Exception):
+                    await svc.sender.deliver_due(svc.clock(), client)
+
+        tasks = [asyncio.create_task(ticker())]
+        if config.alerts:
+            tasks.append(asyncio.create_task(sender()))
+        try:
+            yield
+        finally:
+            stop.set()
+            for task in tasks:
+                with contextlib.suppress(Exception):
+                    await task
+            await asyncio.to_thread(svc.close)
+
+    routes = [
+        Route("/v1/traces", traces, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/api/runs", list_runs, methods=["GET"]),
+        Route("/api/runs/{trace_id}", one_run, methods=["GET"]),
+        Route("/api/runs/{trace_id}/{action}", act, methods=["POST"]),
+        Route("/api/flags/{trace_id}", one_flag, methods=["GET"]),
+        Route("/api/flags", many_flags, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.service = svc
+    return app
+
+
+def _slots(value: Any) -> dict[str, Any]:
+    return {name: getattr(value, name) for name in value.__slots__}
+
+
+def _since(text: str | None, now: float) -> float | None:
+    """``7d``, ``12h``, ``30m``, ``90s`` back from now, or Unix seconds; ``None`` when absent."""
+    if not text:
+        return None
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    if text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
+        return now - float(text[:-1]) * units[text[-1]]
+    return float(text)

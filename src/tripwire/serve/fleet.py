@@ -1,0 +1,653 @@
+"""The fleet's detection: decoded spans in, run records, transitions and kills out.
+
+:class:`Fleet` is what the OTLP receiver runs on every request. It holds a short reorder
+buffer (spans of one trace arrive in several requests and out of order: each span waits up to
+``reorder_s`` after it arrived and is then judged in start-time order with the others of its
+trace), maps every span once (:func:`tripwire.otel.conventions.map_span`, the mapping the span
+processor and replay use), feeds each trace's tool calls to the loop watcher and counts its
+budget, and says what must happen:
+
+- ``urgent``: what must be in the store before the request is acknowledged (verdict
+  transitions, budget stops, the alerts they cause, the receipt of a run that ended);
+- ``routine``: counters and the calls' timeline, written behind;
+- ``kills``: the runs whose kill flag must go up (a verdict change to ``stuck``, a budget stop).
+
+It does no I/O and reads no clock: the receiver hands the time in. Memory is bounded: at most
+``max_traces`` traces (least recently active dropped first, their run recorded as ended by
+idleness), each holding the watcher's ring, a few counters and at most
+:data:`~tripwire.store.runs.MAX_CALLS_PER_RUN` unwritten timeline rows.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+import msgspec
+
+from tripwire.core.budget import (
+    Limits,
+    RunCounters,
+    Stop,
+    check_before_step,
+    check_charges,
+    plan_tool_calls,
+)
+from tripwire.core.events import ModelCall, ToolCall
+from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
+from tripwire.core.reasons import ArgsKind, StopReason, Verdict, stop_reason_for
+from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, Signature
+from tripwire.core.watch import Assessment, RunState, evaluate
+from tripwire.otel.conventions import (
+    MAPPING_VERSION,
+    MappingStats,
+    RunBoundary,
+    SpanView,
+    map_span,
+)
+from tripwire.prices import Pricer
+from tripwire.store.runs import MAX_CALLS_PER_RUN, MAX_RAW_CHARS, Batch, CallRow, RunRow, VerdictRow
+
+__all__ = ["Fleet", "Kill", "Outcome", "Transition"]
+
+_NO_LIMITS: Final = Limits()
+MAX_CALL_IDS: Final = 4096
+"""Call ids remembered per trace to count a call reported twice only once."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Kill:
+    """A run whose kill flag must go up."""
+
+    trace_id: str
+    reason: StopReason
+    message: str
+    """Names the tool and a digest prefix, never arguments."""
+    assessment: Assessment | None = None
+    """The ``stuck`` verdict that raised it, for a loop stop."""
+    stop: Stop | None = None
+    """The budget decision that raised it, for a budget stop."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transition:
+    """A verdict change or a budget stop (for metrics and alerts)."""
+
+    trace_id: str
+    agent: str | None
+    verdict: str
+    previous: str | None
+    rule: str | None
+    stop_reason: str | None
+    reason: str
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one processing step produced (see the module docstring)."""
+
+    urgent: Batch = field(default_factory=Batch)
+    routine: Batch = field(default_factory=Batch)
+    kills: list[Kill] = field(default_factory=list)
+    transitions: list[Transition] = field(default_factory=list)
+    judged_calls: int = 0
+    ended_runs: list[RunRow] = field(default_factory=list)
+
+
+EVENT: Final = 0
+END: Final = 1
+
+
+class Rec(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One entry of a trace's event log: what one span meant for its run (digests only).
+
+    The in-memory fleet applies records as it makes them; the Redis-state fleet appends them
+    to a shared log first, so that every receiver applies the same records in the same order.
+    """
+
+    kind: int = EVENT
+    """``EVENT`` (a span) or ``END`` (the trace went idle: the run is over)."""
+    root: bool = False
+    """The span was the trace's root: the run ends with it."""
+    start: float | None = None
+    end: float | None = None
+    failed: bool = False
+    exception_type: str | None = None
+    service: str | None = None
+    tool: ToolCall | None = None
+    """A tool call (its arguments dropped: ``key`` is their signature)."""
+    key: str | None = None
+    """The call's signature key, 32 hex."""
+    args_kind: str | None = None
+    raw: str | None = None
+    """Raw arguments, clipped (only with ``store_raw``)."""
+    model: ModelCall | None = None
+    agent: str | None = None
+    """A run boundary's agent name."""
+    outer: bool | None = None
+    """For a run boundary: True when it is the trace's outermost (no parent)."""
+    idle: bool = False
+    """For ``END``: the run ended by going quiet, not with its root span."""
+
+    @property
+    def start_s(self) -> float | None:
+        return self.start
+
+    @property
+    def end_s(self) -> float | None:
+        return self.end
+
+    @property
+    def status_error(self) -> bool:
+        return self.failed
+
+
+class _Trace:
+    __slots__ = (
+        "agent",
+        "assessment",
+        "budget_stop",
+        "call_ids",
+        "cost_at_stuck",
+        "cost_nusd",
+        "created_at",
+        "dirty",
+        "end_s",
+        "first_stuck",
+        "input_tokens",
+        "last_seen",
+        "output_tokens",
+        "root_ended",
+        "service",
+        "start_s",
+        "state",
+        "steps",
+        "timeline",
+        "tool_calls",
+        "unpriced",
+        "verdict",
+    )
+
+    def __init__(self, now: float) -> None:
+        self.agent: str | None = None
+        self.service: str | None = None
+        self.created_at = now
+        self.last_seen = now
+        self.state: RunState | None = None
+        self.call_ids: dict[str, bool] = {}
+        """call id → whether that execution failed (a later span with the id is a retry)."""
+        self.tool_calls = 0
+        self.steps = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.cost_nusd = 0
+        self.unpriced = 0
+        self.verdict = Verdict.WORKING
+        self.assessment: Assessment | None = None
+        self.first_stuck: int | None = None
+        self.cost_at_stuck: int | None = None
+        self.budget_stop: StopReason | None = None
+        self.timeline: list[CallRow] = []
+        self.dirty = True
+        self.root_ended = False
+        self.start_s: float | None = None
+        self.end_s: float | None = None
+
+
+class Fleet:
+    """Per-trace detection for a fleet of agents (see the module docstring).
+
+    Args:
+        policy: the loop policy (the same defaults as in process and in replay).
+        limits: budgets per run (tool calls, per-tool caps, steps, tokens, cost).
+        normalizer: the signature normalizer (use a keyed one for a fleet).
+        reorder_s: how long a span waits for the earlier spans of its trace.
+        max_traces: traces kept at once (least recently active dropped first).
+        idle_ttl_s: a trace without a span for this long is ended (its receipt written).
+        store_raw: keep raw tool arguments in the timeline (off by default: digests only).
+        pricer: prices model calls without a reported cost.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: LoopPolicy = DEFAULT_POLICY,
+        limits: Limits = _NO_LIMITS,
+        normalizer: Normalizer = DEFAULT_NORMALIZER,
+        reorder_s: float = 0.2,
+        max_traces: int = 100_000,
+        idle_ttl_s: float = 300.0,
+        store_raw: bool = False,
+        pricer: Pricer | None = None,
+    ) -> None:
+        self.policy = policy
+        self.limits = limits
+        self.normalizer = normalizer
+        self.reorder_s = reorder_s
+        self.max_traces = max_traces
+        self.idle_ttl_s = idle_ttl_s
+        self.store_raw = store_raw
+        self.pricer = pricer if pricer is not None else Pricer(warn=False)
+        self.stats = MappingStats()
+        self._traces: OrderedDict[str, _Trace] = OrderedDict()
+        self._buffer: list[tuple[float, float, int, SpanView]] = []
+        """(release time, start time, arrival order, span): a heap."""
+        self._order = itertools.count()
+        self._tool_limits = limits.max_tool_calls is not None or bool(limits.tool_caps) or (
+            limits.default_tool_cap is not None
+        )
+
+    def __len__(self) -> int:
+        return len(self._traces)
+
+    @property
+    def buffered(self) -> int:
+        """Spans waiting in the reorder buffer."""
+        return len(self._buffer)
+
+    def verdict(self, trace_id: str) -> Assessment | None:
+        """The verdict in force for a trace still held, or ``None``."""
+        trace = self._traces.get(trace_id)
+        return trace.assessment if trace is not None else None
+
+    # -- the entry points ---------------------------------------------------------------------
+
+    def process(self, views: Iterable[SpanView], now: float, *, flush: bool = False) -> Outcome:
+        """Buffer ``views`` and judge every span whose wait is over (all of them with ``flush``).
+
+        Args:
+            views: decoded spans (any order, any traces).
+            now: the wall-clock time (Unix seconds).
+            flush: release the whole buffer (shutdown, or ``reorder_s == 0``).
+        """
+        release = now + self.reorder_s
+        buffer = self._buffer
+        order = self._order
+        for view in views:
+            # Calls are judged in start-time order; a root span ends its run, so it goes in at
+            # its end time, after every call that started before it ended.
+            at = view.end_s if view.parent_span_id is None else view.start_s
+            heapq.heappush(buffer, (release, at or 0.0, next(order), view))
+        due: list[tuple[float, float, int, SpanView]] = []
+        if flush or self.reorder_s <= 0:
+            due, self._buffer = buffer, []
+        else:
+            while buffer and buffer[0][0] <= now:
+                due.append(heapq.heappop(buffer))
+        out = Outcome()
+        if due:
+            # Judged in that order (arrival order breaks ties): the reorder itself.
+            due.sort(key=lambda item: (item[1], item[2]))
+            records = []
+            for _release, _start, _n, view in due:
+                rec = self._record(view)
+                if rec is not None:
+                    records.append((view.trace_id, rec))
+            if records:
+                self._commit(records, now, out)
+        self._end_idle(now, out)
+        self._write_dirty(now, out)
+        return out
+
+    def drain(self, now: float) -> Outcome:
+        """Judge everything in the reorder buffer now (graceful shutdown).
+
+        Runs are not ended: their agents may still be going, and a receipt written now would
+        claim an end nobody saw. Their rows stay ``running`` with the counters so far.
+        """
+        return self.process((), now, flush=True)
+
+    # -- one span ----------------------------------------------------------------------------
+
+    def _record(self, view: SpanView) -> Rec | None:
+        """The span as a record of the trace's event log (digests only: no raw arguments
+        unless ``store_raw``), or ``None`` when it means nothing for the run."""
+        event = map_span(view, self.normalizer, self.stats)
+        root = view.parent_span_id is None
+        if event is None and not root:
+            return None
+        service = None
+        if view.resource_attributes:
+            name = view.resource_attributes.get("service.name")
+            if isinstance(name, str):
+                service = name[:200]
+        rec = Rec(
+            root=root,
+            start=view.start_s,
+            end=view.end_s,
+            failed=view.status_error,
+            exception_type=(view.exception_type or None) and view.exception_type[:100],
+            service=service,
+        )
+        if isinstance(event, ToolCall):
+            sig = self.normalizer.signature(event.tool, event.arguments)
+            rec.tool = msgspec.structs.replace(event, arguments=None)
+            rec.key = f"{sig.key:032x}"
+            rec.args_kind = sig.kind.value
+            if self.store_raw:
+                rec.raw = _raw(event.arguments)
+        elif isinstance(event, ModelCall):
+            rec.model = event
+        elif isinstance(event, RunBoundary):
+            rec.agent = event.agent[:200] if event.agent else None
+            rec.outer = event.parent_span_id is None
+        return rec
+
+    def _commit(self, records: list[tuple[str, Rec]], now: float, out: Outcome) -> None:
+        """Apply records in order (the Redis-state fleet first appends them to the shared log)."""
+        for tid, rec in records:
+            self._apply(tid, rec, now, out)
+
+    def _apply(self, tid: str, rec: Rec, now: float, out: Outcome) -> None:
+        if rec.kind == END:
+            if tid in self._traces:
+                self._end(tid, now, out, idle=rec.idle, root=rec if not rec.idle else None)
+            return
+        if rec.tool is None and rec.model is None and rec.outer is None:
+            # A root span that maps to nothing: it only ends the run.
+            if rec.root and tid in self._traces:
+                self._end(tid, now, out, idle=False, root=rec)
+            return
+        trace = self._trace(tid, now, out)
+        if rec.service and trace.service is None:
+            trace.service = rec.service
+        _widen(trace, rec)
+        if rec.tool is not None:
+            self._tool(trace, tid, rec, now, out)
+        elif rec.model is not None:
+            self._model(trace, tid, rec.model, now, out)
+        elif rec.outer is not None:
+            if rec.agent and (trace.agent is None or rec.outer):
+                trace.agent = rec.agent
+            trace.dirty = True
+        if rec.root:
+            self._end(tid, now, out, idle=False, root=rec)
+
+    def _trace(self, tid: str, now: float, out: Outcome) -> _Trace:
+        traces = self._traces
+        trace = traces.get(tid)
+        if trace is None:
+            trace = traces[tid] = _Trace(now)
+            while len(traces) > self.max_traces:
+                self._evict(next(iter(traces)), now, out)
+        else:
+            trace.last_seen = now
+            traces.move_to_end(tid)
+        return trace
+
+    def _evict(self, tid: str, now: float, out: Outcome) -> None:
+        """Make room: the least recently active trace's run is recorded as ended (idle)."""
+        self._end(tid, now, out, idle=True)
+
+    def _tool(self, trace: _Trace, tid: str, rec: Rec, now: float, out: Outcome) -> None:
+        call = rec.tool
+        assert call is not None and rec.key is not None and rec.args_kind is not None
+        call_id = call.call_id
+        if call_id is not None:
+            seen = trace.call_ids.get(call_id)
+            if seen is False:
+                return  # a second report of one execution
+            if seen is True and call.attempt is None:
+                # An earlier execution with this id ended in error: this is a new attempt.
+                call = _with_attempt(call, trace)
+            if len(trace.call_ids) >= MAX_CALL_IDS:
+                trace.call_ids.pop(next(iter(trace.call_ids)))
+            trace.call_ids[call_id] = call.failed
+        state = trace.state
+        if state is None:
+            state = trace.state = RunState.new(self.policy)
+        sig = Signature(call.tool, int(rec.key, 16), ArgsKind(rec.args_kind))
+        previous = trace.assessment
+        assessment = evaluate(state, call, self.policy, self.normalizer, signature=sig)
+        trace.tool_calls += 1
+        out.judged_calls += 1
+        if assessment is not None:
+            trace.assessment = assessment
+            changed = not (previous is None and assessment.verdict is Verdict.WORKING)
+            if changed:
+                self._transition(trace, tid, assessment, previous, now, out)
+        if len(trace.timeline) < MAX_CALLS_PER_RUN:
+            raw = rec.raw
+            trace.timeline.append(
+                CallRow(
+                    trace_id=tid,
+                    call_index=trace.tool_calls,
+                    tool=call.tool[:200],
+                    digest=sig.digest[:32],
+                    result_digest=call.result_digest[:32] if call.result_digest else None,
+                    error_type=call.error_type[:100] if call.error_type else None,
+                    attempt=call.attempt,
+                    progress=call.progress[:100] if call.progress else None,
+                    lease_owner=call.lease.owner[:200] if call.lease is not None else None,
+                    start_s=call.start_s,
+                    end_s=call.end_s,
+                    verdict=(trace.assessment.verdict.value if trace.assessment else None),
+                    raw=raw,
+                )
+            )
+        trace.dirty = True
+        if self._tool_limits and trace.budget_stop is None:
+            plan = plan_tool_calls(self.limits, (call.tool,))
+            stop = check_charges(plan[-1:], {"tool_calls": trace.tool_calls})
+            if stop is not None:
+                self._budget(trace, tid, stop, now, out)
+
+    def _model(self, trace: _Trace, tid: str, call: ModelCall, now: float, out: Outcome) -> None:
+        trace.steps += 1
+        trace.input_tokens += call.input_tokens
+        trace.output_tokens += call.output_tokens
+        cost = call.cost_usd
+        if cost is None:
+            cost = self.pricer.cost(
+                call.model, call.provider, call.input_tokens, call.output_tokens,
+                why_it_matters="runs with this model show no cost",
+            )
+        if cost is None:
+            trace.unpriced += 1
+        else:
+            trace.cost_nusd += round(cost * 1e9)
+        trace.dirty = True
+        if trace.budget_stop is None and self.limits is not _NO_LIMITS:
+            decision = check_before_step(self.limits, self._counters(trace))
+            if isinstance(decision, Stop):
+                self._budget(trace, tid, decision, now, out)
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def _transition(
+        self,
+        trace: _Trace,
+        tid: str,
+        a: Assessment,
+        previous: Assessment | None,
+        now: float,
+        out: Outcome,
+    ) -> None:
+        trace.verdict = a.verdict
+        stuck = a.verdict is Verdict.STUCK
+        if stuck and trace.first_stuck is None:
+            trace.first_stuck = a.call_index
+            trace.cost_at_stuck = trace.cost_nusd
+        out.urgent.verdicts.append(
+            VerdictRow(
+                trace_id=tid,
+                at=now,
+                verdict=a.verdict.value,
+                previous=previous.verdict.value if previous is not None else None,
+                rule=a.rule.value if a.rule is not None else None,
+                tool=(a.tool or "")[:200] or None,
+                digest=(a.digest or "")[:16] or None,
+                call_index=a.call_index,
+                hits=a.hits,
+                reason=a.reason,
+                policy_version=a.policy_version,
+                normalizer_version=a.normalizer_version,
+            )
+        )
+        out.transitions.append(
+            Transition(
+                trace_id=tid,
+                agent=trace.agent,
+                verdict=a.verdict.value,
+                previous=previous.verdict.value if previous is not None else None,
+                rule=a.rule.value if a.rule is not None else None,
+                stop_reason=None,
+                reason=a.reason,
+            )
+        )
+        if stuck:
+            reason = stop_reason_for(a.rule)
+            out.kills.append(Kill(trace_id=tid, reason=reason, message=a.reason, assessment=a))
+        out.urgent.runs.append(self._row(tid, trace, now))
+
+    def _budget(self, trace: _Trace, tid: str, stop: Stop, now: float, out: Outcome) -> None:
+        reason, message = stop.reason, stop.message
+        trace.budget_stop = reason
+        out.urgent.verdicts.append(
+            VerdictRow(
+                trace_id=tid,
+                at=now,
+                verdict=trace.verdict.value,
+                call_index=trace.tool_calls,
+                reason=message,
+                stop_reason=reason.value,
+                policy_version=self.policy.version,
+                normalizer_version=self.normalizer.version,
+            )
+        )
+        out.transitions.append(
+            Transition(
+                trace_id=tid,
+                agent=trace.agent,
+                verdict=trace.verdict.value,
+                previous=trace.verdict.value,
+                rule=None,
+                stop_reason=reason.value,
+                reason=message,
+            )
+        )
+        out.kills.append(Kill(trace_id=tid, reason=reason, message=message, stop=stop))
+        out.urgent.runs.append(self._row(tid, trace, now))
+
+    def _end_idle(self, now: float, out: Outcome) -> None:
+        limit = now - self.idle_ttl_s
+        traces = self._traces
+        while traces:
+            tid, trace = next(iter(traces.items()))
+            if trace.last_seen >= limit:
+                break
+            self._end(tid, now, out, idle=True)
+
+    def _end(
+        self, tid: str, now: float, out: Outcome, *, idle: bool, root: Rec | None = None
+    ) -> None:
+        trace = self._traces.pop(tid, None)
+        if trace is None:
+            return
+        if root is not None:
+            _widen(trace, root)
+        row = self._row(tid, trace, now)
+        row.status = "ended"
+        row.ended_at = now
+        from tripwire.serve.receipts import receipt_for
+
+        receipt, health = receipt_for(
+            row, trace.assessment, trace.budget_stop, root=root, idle=idle,
+            policy=self.policy, normalizer=self.normalizer,
+        )
+        row.receipt = receipt
+        row.health = health
+        out.urgent.runs.append(row)
+        if trace.timeline:
+            out.urgent.calls.extend(trace.timeline)
+            trace.timeline = []
+        out.ended_runs.append(row)
+
+    def _write_dirty(self, now: float, out: Outcome) -> None:
+        urgent = {r.trace_id for r in out.urgent.runs}
+        for tid, trace in self._traces.items():
+            if trace.dirty:
+                trace.dirty = False
+                if tid not in urgent:
+                    out.routine.runs.append(self._row(tid, trace, now))
+                if trace.timeline:
+                    out.routine.calls.extend(trace.timeline)
+                    trace.timeline = []
+
+    def _counters(self, trace: _Trace) -> RunCounters:
+        return RunCounters(
+            steps=trace.steps,
+            tool_calls=trace.tool_calls,
+            input_tokens=trace.input_tokens,
+            output_tokens=trace.output_tokens,
+            cost_usd=trace.cost_nusd / 1e9,
+            unpriced_calls=trace.unpriced,
+        )
+
+    def _row(self, tid: str, trace: _Trace, now: float) -> RunRow:
+        a = trace.assessment
+        duration = None
+        if trace.start_s is not None and trace.end_s is not None:
+            duration = max(trace.end_s - trace.start_s, 0.0)
+        cost = trace.cost_nusd / 1e9 if (trace.cost_nusd or not trace.unpriced) else None
+        after = 0
+        cost_after = None
+        if trace.first_stuck is not None:
+            after = max(trace.tool_calls - trace.first_stuck, 0)
+            if trace.cost_at_stuck is not None:
+                cost_after = (trace.cost_nusd - trace.cost_at_stuck) / 1e9
+        return RunRow(
+            trace_id=tid,
+            agent=trace.agent,
+            service=trace.service,
+            status="running",
+            verdict=trace.verdict.value,
+            rule=a.rule.value if a is not None and a.rule is not None else None,
+            stop_reason=(
+                trace.budget_stop.value
+                if trace.budget_stop is not None
+                else (stop_reason_for(a.rule).value if a is not None and a.verdict is Verdict.STUCK else None)
+            ),
+            steps=trace.steps,
+            tool_calls=trace.tool_calls,
+            input_tokens=trace.input_tokens,
+            output_tokens=trace.output_tokens,
+            cost_usd=cost,
+            duration_s=duration,
+            first_stuck_call=trace.first_stuck,
+            calls_after_stuck=after,
+            cost_after_stuck=cost_after,
+            policy_version=self.policy.version,
+            normalizer_version=self.normalizer.version,
+            mapping_version=MAPPING_VERSION,
+            created_at=trace.created_at,
+            updated_at=now,
+        )
+
+
+def _widen(trace: _Trace, view: Rec) -> None:
+    if view.start is not None and (trace.start_s is None or view.start < trace.start_s):
+        trace.start_s = view.start
+    if view.end is not None and (trace.end_s is None or view.end > trace.end_s):
+        trace.end_s = view.end
+
+
+def _with_attempt(call: ToolCall, trace: _Trace) -> ToolCall:
+    return msgspec.structs.replace(call, attempt=2)
+
+
+def _raw(arguments: object) -> str | None:
+    if isinstance(arguments, str):
+        return arguments[:MAX_RAW_CHARS]
+    if isinstance(arguments, (dict, list)):
+        try:
+            return json.dumps(arguments, default=str)[:MAX_RAW_CHARS]
+        except (TypeError, ValueError, RecursionError):
+            return None
+    return None
+

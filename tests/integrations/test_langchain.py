@@ -1,0 +1,265 @@
+"""LangChain v1 ``create_agent`` (the middleware) and LangGraph ``create_react_agent`` (the
+callback handler), on a scripted ``BaseChatModel`` subclass; every tool body and model call is
+counted."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import warnings
+from typing import Any
+
+import pytest
+
+pytest.importorskip("langchain")
+pytest.importorskip("langgraph")
+
+from langchain.agents import create_agent
+from langgraph.prebuilt import ToolNode, create_react_agent
+
+from tripwire import BudgetExceeded, Limits, LoopDetected, RunStopped, StopReason
+from tripwire.core.receipt import StopReceipt
+from tripwire.integrations import StoppedRun
+from tripwire.integrations.langchain import TripwireCallbackHandler, TripwireMiddleware
+
+from .agent_scripts import Script, looping, obeys_nudge, scripted, stubborn
+from .lc_fakes import ScriptedChatModel, make_tools
+from .scripts import Counters, healthy_calls, order_calls
+from .xfails import needs_g1, needs_g2, needs_g3, orders_flagged
+
+pytestmark = [
+    pytest.mark.frameworks,
+    pytest.mark.filterwarnings("ignore::tripwire.prices.CostNotFoundWarning"),
+]
+
+MODES = ["create_agent+middleware", "create_react_agent+callbacks", "create_agent+callbacks"]
+INPUT = {"messages": [{"role": "user", "content": "What is the refund policy?"}]}
+CONFIG: dict[str, Any] = {"recursion_limit": 200}
+
+
+def run(
+    mode: str, script: Script, counters: Counters, name: str = "looper", **options: Any
+) -> tuple[Any, list[StopReceipt]]:
+    """Build the agent the way a user would, run it, return (what the caller got, receipts)."""
+    got: list[StopReceipt] = []
+    options.setdefault("on_receipt", got.append)
+    model = ScriptedChatModel(script=script, counters=counters)
+    tools = make_tools(counters)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # create_react_agent moved in v1
+        if mode == "create_agent+middleware":
+            agent = create_agent(
+                model, tools, middleware=[TripwireMiddleware(agent=name, **options)]
+            )
+            out = agent.invoke(INPUT, CONFIG)
+            return out.get("tripwire") or out["messages"][-1].content, got
+        handler = TripwireCallbackHandler(agent=name, **options)
+        if mode == "create_react_agent+callbacks":
+            graph = create_react_agent(
+                model, ToolNode(tools, wrap_tool_call=handler.wrap_tool_call)
+            )
+        else:
+            graph = create_agent(model, tools)
+        out = handler.invoke(graph, INPUT, CONFIG)
+    return (out if isinstance(out, StoppedRun) else out["messages"][-1].content), got
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_looping_agent_is_stopped_with_a_structured_result(mode: str) -> None:
+    counters = Counters()
+    out, got = run(mode, looping, counters)
+    assert isinstance(out, StoppedRun), out
+    assert out.reason is StopReason.LOOP_DETECTED and isinstance(out.error, LoopDetected)
+    # No model call after the stop: every call made was counted before it.
+    assert counters.model_calls == out.counters.steps
+    assert counters.loop_bodies <= 4
+    assert got == [out.receipt] and out.receipt.reason is StopReason.LOOP_DETECTED
+    assert out.receipt.agent == "looper"
+
+
+@needs_g1
+@pytest.mark.parametrize("mode", MODES)
+def test_the_fourth_identical_call_never_runs(mode: str) -> None:
+    counters = Counters()
+    run(mode, looping, counters)
+    assert counters.loop_bodies == 3
+
+
+def test_the_middleware_ends_the_graph_with_a_final_message() -> None:
+    counters = Counters()
+    model = ScriptedChatModel(script=looping, counters=counters)
+    agent = create_agent(model, make_tools(counters), middleware=[TripwireMiddleware()])
+    out = agent.invoke(INPUT, CONFIG)
+    last = out["messages"][-1]
+    assert last.type == "ai" and last.name == "tripwire" and not last.tool_calls
+    assert "loop_detected" in last.content
+    assert isinstance(out["tripwire"], StoppedRun)
+
+
+def test_the_callback_handler_raises_the_stop_with_its_receipt() -> None:
+    counters = Counters()
+    handler = TripwireCallbackHandler()
+    graph = create_agent(ScriptedChatModel(script=looping, counters=counters), make_tools(counters))
+    with pytest.raises(RunStopped) as err:
+        graph.invoke(INPUT, {**CONFIG, "callbacks": [handler]})
+    assert err.value.reason is StopReason.LOOP_DETECTED
+    assert isinstance(err.value.receipt, StopReceipt)
+    assert counters.model_calls == err.value.counters.steps
+
+
+@needs_g2
+@pytest.mark.parametrize("mode", ["create_agent+middleware", "create_react_agent+callbacks"])
+def test_a_model_that_obeys_the_nudge_finishes(mode: str) -> None:
+    counters = Counters()
+    out, got = run(mode, obeys_nudge, counters, on_loop="nudge")
+    assert out == "I could not find the refund policy."
+    assert counters.loop_bodies == 3
+    assert got[0].reason is StopReason.COMPLETED
+
+
+@needs_g2
+@pytest.mark.parametrize("mode", ["create_agent+middleware", "create_react_agent+callbacks"])
+def test_a_model_that_ignores_the_nudge_is_killed_at_its_next_repeated_call(mode: str) -> None:
+    counters = Counters()
+    out, _ = run(mode, looping, counters, on_loop="nudge")
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
+    assert counters.loop_bodies == 3
+    assert counters.model_calls == out.counters.steps
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_healthy_thirty_call_run_completes_untouched(mode: str) -> None:
+    counters = Counters()
+    out, got = run(mode, scripted(healthy_calls()), counters, name="researcher")
+    assert out == "done"
+    assert counters.tool_bodies == 30 and counters.model_calls == 31
+    assert got[0].reason is StopReason.COMPLETED and got[0].counters.tool_calls == 30
+    assert got[0].counters.input_tokens == 310  # usage read from the model's own messages
+
+
+@orders_flagged
+@pytest.mark.parametrize("mode", MODES)
+def test_thirty_different_orders_all_shipped_complete_untouched(mode: str) -> None:
+    counters = Counters()
+    out, _ = run(mode, scripted(order_calls()), counters)
+    assert out == "done" and counters.tool_bodies == 30
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_tool_call_cap_never_refuses_the_final_answer(mode: str) -> None:
+    counters = Counters()
+    out, _ = run(mode, scripted(healthy_calls()), counters, limits=Limits(max_tool_calls=30))
+    assert out == "done" and counters.tool_bodies == 30
+
+
+def test_a_step_budget_ends_with_the_graceful_last_step() -> None:
+    counters = Counters()
+    out, got = run(
+        "create_agent+middleware", scripted(healthy_calls()), counters, limits=Limits(max_steps=5)
+    )
+    assert out == "partial: 4 results"  # the 5th model call was made without tools
+    assert counters.model_calls == 5 and counters.tool_bodies == 4
+    assert len(got) == 1
+
+
+@needs_g3
+def test_the_graceful_last_step_is_recorded_as_the_limit() -> None:
+    _, got = run(
+        "create_agent+middleware", scripted(healthy_calls()), Counters(), limits=Limits(max_steps=5)
+    )
+    assert got[0].reason is StopReason.MAX_STEPS
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_step_budget_ends_with_a_partial_answer_not_an_exception(mode: str) -> None:
+    counters = Counters()
+    out, got = run(
+        mode,
+        stubborn(healthy_calls()),
+        counters,
+        limits=Limits(max_steps=3),
+        partial_answer=lambda snap: f"{snap.counters.tool_calls} calls made",
+    )
+    assert isinstance(out, StoppedRun) and isinstance(out.error, BudgetExceeded)
+    assert out.reason is StopReason.MAX_STEPS and out.partial is not None
+    assert counters.model_calls == 3
+    assert got[0].reason is StopReason.MAX_STEPS
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_runs_in_threads_are_judged_separately(mode: str) -> None:
+    results: dict[str, Any] = {}
+    counters = {"loop": Counters(), "healthy": Counters()}
+    scripts = {"loop": looping, "healthy": scripted(healthy_calls())}
+    barrier = threading.Barrier(2)
+
+    def work(name: str) -> None:
+        barrier.wait()
+        results[name] = run(mode, scripts[name], counters[name], name=name)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in scripts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    loop_out, _ = results["loop"]
+    assert isinstance(loop_out, StoppedRun) and loop_out.receipt.agent == "loop"
+    assert results["healthy"][0] == "done" and counters["healthy"].tool_bodies == 30
+
+
+def _two_calls_then_done(i: int, seen: list[str], tools: bool) -> Any:
+    return [("search_docs", {"query": "refund policy"})] if len(seen) < 2 else "done"
+
+
+async def test_one_middleware_judges_concurrent_tasks_separately() -> None:
+    middleware = TripwireMiddleware()
+    agents = []
+    for _ in range(4):
+        counters = Counters()
+        model = ScriptedChatModel(script=_two_calls_then_done, counters=counters)
+        agents.append(create_agent(model, make_tools(counters), middleware=[middleware]))
+    outs = await asyncio.gather(*(a.ainvoke(INPUT, CONFIG) for a in agents))
+    # Two identical calls per run: one shared guard would have seen 8 and stopped.
+    assert [o["messages"][-1].content for o in outs] == ["done"] * 4
+
+
+async def test_one_handler_judges_concurrent_tasks_separately() -> None:
+    handler = TripwireCallbackHandler()
+    graphs = []
+    for _ in range(4):
+        counters = Counters()
+        model = ScriptedChatModel(script=_two_calls_then_done, counters=counters)
+        graphs.append(create_agent(model, make_tools(counters)))
+    outs = await asyncio.gather(*(handler.ainvoke(g, INPUT, CONFIG) for g in graphs))
+    assert [o["messages"][-1].content for o in outs] == ["done"] * 4
+
+
+def test_a_refusal_a_callback_cannot_deliver_is_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    counters = Counters()
+    handler = TripwireCallbackHandler(Limits(max_steps=3))
+    graph = create_agent(
+        ScriptedChatModel(script=stubborn(healthy_calls()), counters=counters),
+        make_tools(counters),
+    )
+    with caplog.at_level("WARNING", logger="tripwire.integrations"):
+        out = handler.invoke(graph, INPUT, CONFIG)
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.MAX_STEPS
+    assert caplog.text.count("cannot replace a tool's result") == 1
+    assert counters.tool_bodies == 3  # the refused 3rd call ran: no interceptor on this graph
+
+
+def _batch(i: int, seen: list[str], tools: bool) -> Any:
+    return [("search_docs", {"query": "refund policy"})] * 2
+
+
+@needs_g1
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stop_inside_a_parallel_batch_ends_the_run(mode: str) -> None:
+    counters = Counters()
+    out, got = run(mode, _batch, counters)
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
+    assert counters.loop_bodies == 3 and counters.model_calls == 2
+    after = got[0].after_stop
+    assert after is None or not after.active  # nothing ran after the stop

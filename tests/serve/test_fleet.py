@@ -1,0 +1,120 @@
+"""The fleet detector alone (pure: spans in, decisions out; the clock handed in)."""
+
+from __future__ import annotations
+
+import json
+
+from tripwire.core.budget import Limits
+from tripwire.otel.conventions import SpanView
+from tripwire.serve.fleet import Fleet
+
+TID = "ab" * 16
+
+
+def _tool(i: int, *, args: dict[str, object] | None = None, result: str = "No results.", call_id: str | None = None, error: bool = False, tid: str = TID) -> SpanView:
+    attrs: dict[str, object] = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "search_docs",
+        "gen_ai.tool.call.id": call_id or f"call_{i}",
+        "gen_ai.tool.call.arguments": json.dumps(args if args is not None else {"query": "refund policy"}),
+        "gen_ai.tool.call.result": result,
+    }
+    return SpanView(trace_id=tid, span_id=f"{i + 1:016x}", parent_span_id="f" * 16, name="execute_tool search_docs",
+                    start_s=1000.0 + i, end_s=1000.5 + i, status_error=error, exception_type="TimeoutError" if error else None, attributes=attrs)
+
+
+def _model(i: int, tokens: int = 100, cost: float | None = None, tid: str = TID) -> SpanView:
+    attrs: dict[str, object] = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o", "gen_ai.usage.input_tokens": tokens, "gen_ai.usage.output_tokens": 10}
+    return SpanView(trace_id=tid, span_id=f"{i + 500:016x}", parent_span_id="f" * 16, name="chat gpt-4o", start_s=999.0 + i, end_s=999.2 + i, attributes=attrs)
+
+
+def _root(*, error: bool = False, tid: str = TID) -> SpanView:
+    return SpanView(trace_id=tid, span_id="f" * 16, name="invoke_agent looper", start_s=999.0, end_s=2000.0, status_error=error,
+                    attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "looper"})
+
+
+def test_a_loop_is_stuck_at_the_fourth_call_and_raises_one_kill() -> None:
+    fleet = Fleet(reorder_s=0)
+    kills, transitions = [], []
+    for i in range(8):
+        out = fleet.process([_tool(i)], now=1.0 + i)
+        kills += out.kills
+        transitions += out.transitions
+    assert [(t.verdict, t.rule) for t in transitions] == [("stuck", "repetition")]
+    assert len(kills) == 1 and kills[0].assessment is not None and kills[0].assessment.call_index == 4
+    out = fleet.process([_root()], now=20.0)
+    (row,) = out.ended_runs
+    assert (row.status, row.verdict, row.first_stuck_call, row.calls_after_stuck) == ("ended", "stuck", 4, 4)
+    assert row.health == "stuck" and row.receipt is not None and row.receipt["reason"] == "loop_detected"
+    assert len(fleet) == 0
+
+
+def test_thirty_different_useful_calls_are_left_alone() -> None:
+    fleet = Fleet(reorder_s=0)
+    views = [_tool(i, args={"query": f"topic {w}"}, result=f"found {w}") for i, w in enumerate("abcdefghijklmnopqrstuvwxyz1234")]
+    out = fleet.process([*views, _root()], now=5.0)
+    assert out.transitions == [] and out.kills == []
+    (row,) = out.ended_runs
+    assert (row.verdict, row.tool_calls, row.health) == ("working", 30, "complete_unverified")
+    assert row.receipt is not None and row.receipt["reason"] == "completed"
+
+
+def test_a_tool_call_cap_stops_the_run_once() -> None:
+    fleet = Fleet(reorder_s=0, limits=Limits(max_tool_calls=5))
+    out = fleet.process([_tool(i, args={"q": i}, result=str(i)) for i in range(7)], now=1.0)
+    assert [k.reason.value for k in out.kills] == ["max_tool_calls"]
+    assert out.kills[0].stop is not None and out.kills[0].stop.limit == 5
+
+
+def test_model_spans_count_steps_tokens_and_stop_at_the_step_cap() -> None:
+    fleet = Fleet(reorder_s=0, limits=Limits(max_steps=3))
+    out = fleet.process([_model(i) for i in range(4)], now=1.0)
+    assert [k.reason.value for k in out.kills] == ["max_steps"]
+    run = fleet.process([_root()], now=2.0).ended_runs[0]
+    assert (run.steps, run.input_tokens, run.output_tokens) == (4, 400, 40)
+    assert run.receipt is not None and run.receipt["reason"] == "max_steps"
+    assert run.health == "bounded_stop"
+
+
+def test_a_failed_root_span_is_a_failed_run() -> None:
+    fleet = Fleet(reorder_s=0)
+    run = fleet.process([_tool(0), _root(error=True)], now=1.0).ended_runs[0]
+    assert run.health == "failed"
+
+
+def test_a_trace_that_goes_quiet_ends_without_claiming_a_finish() -> None:
+    fleet = Fleet(reorder_s=0, idle_ttl_s=10)
+    fleet.process([_tool(0)], now=1.0)
+    out = fleet.process([], now=12.0)
+    (run,) = out.ended_runs
+    assert run.receipt is not None and run.receipt["end"] is None and run.receipt["reason"] is None
+    assert run.health == "uncertain"
+
+
+def test_a_span_reported_twice_counts_once_but_a_retry_after_an_error_counts_again() -> None:
+    fleet = Fleet(reorder_s=0)
+    fleet.process([_tool(0, call_id="x"), _tool(0, call_id="x")], now=1.0)
+    fleet.process([_tool(1, call_id="y", error=True), _tool(2, call_id="y")], now=2.0)
+    run = fleet.process([_root()], now=3.0).ended_runs[0]
+    assert run.tool_calls == 3
+
+
+def test_spans_are_judged_in_start_order_within_the_reorder_window() -> None:
+    fleet = Fleet(reorder_s=0.5)
+    early = fleet.process([_tool(3), _tool(2)], now=1.0)
+    assert early.judged_calls == 0 and fleet.buffered == 2
+    late = fleet.process([_tool(1), _tool(0)], now=1.2)
+    assert late.judged_calls == 0
+    done = fleet.process([], now=1.6)  # the first two are due; the last two at 1.7
+    assert done.judged_calls == 2
+    rest = fleet.process([], now=1.8)
+    assert [t.verdict for t in rest.transitions] == ["stuck"]
+
+
+def test_memory_is_bounded_by_max_traces() -> None:
+    fleet = Fleet(reorder_s=0, max_traces=100)
+    ended = 0
+    for n in range(1000):
+        ended += len(fleet.process([_tool(0, tid=f"{n + 1:032x}")], now=float(n)).ended_runs)
+    assert len(fleet) == 100
+    assert ended == 900

@@ -1,0 +1,168 @@
+"""The kill channel, end to end: an agent in another process stops at its next step after the
+service judged its run stuck (Redis pub/sub, or polling the service without Redis)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tripwire.errors import BudgetExceeded, LoopDetected
+from tripwire.serve import ServeConfig
+from tripwire.serve.killchannel import CHANNEL, KEY_PREFIX
+from tripwire.store.runs import RunStore
+
+from .conftest import TOKEN, running_service
+from .otlp_helpers import loop_spans, protobuf_body, trace_id_of
+
+AGENT = Path(__file__).with_name("agent_process.py")
+REDIS_URL = os.environ.get("TRIPWIRE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _agent(url: str, channel: str, script: str, steps: int = 12) -> dict[str, object]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    done = subprocess.run(
+        [sys.executable, str(AGENT), url, TOKEN, channel, script, str(steps)],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def redis_service(redis_client: object, sqlite_store: RunStore) -> Iterator[object]:
+    config = ServeConfig(tokens=(TOKEN,), reorder_s=0.0, flush_s=0.05, redis_url=REDIS_URL)
+    with running_service(config, sqlite_store) as r:
+        yield r
+
+
+def test_agent_process_stops_at_its_next_step_via_redis(redis_service: object) -> None:
+    r = redis_service
+    result = _agent(r.url, REDIS_URL, "loop")  # type: ignore[attr-defined]
+    # The service saw the 4th identical call's span and raised the flag before it answered the
+    # export; the agent's next step checked the channel and stopped: no 5th tool body ran. The
+    # 5th model call may have started in the milliseconds before the pub/sub message arrived.
+    assert result["ended"] == "stopped:loop_detected"
+    assert result["bodies"] == 4
+    assert result["model_calls"] in (4, 5)
+    run = httpx.get(f"{r.url}/api/runs/{result['trace_id']}", headers=r.headers()).json()  # type: ignore[attr-defined]
+    assert run["verdict"] == "stuck" and run["killed"] is True
+    assert run["flag"]["rule"] == "repetition"
+
+
+def test_healthy_agent_process_is_left_alone(redis_service: object) -> None:
+    result = _agent(redis_service.url, REDIS_URL, "distinct", steps=8)  # type: ignore[attr-defined]
+    assert result == {**result, "ended": "finished", "bodies": 8, "model_calls": 8}
+
+
+def test_agent_process_stops_via_the_store_without_redis(sqlite_store: RunStore) -> None:
+    config = ServeConfig(tokens=(TOKEN,), reorder_s=0.0, flush_s=0.05)
+    with running_service(config, sqlite_store) as r:
+        result = _agent(r.url, "http", "loop")
+    # Polled every 50 ms: the flag reaches the agent during its 5th model call, and the 5th
+    # tool body is refused.
+    assert result["ended"] == "stopped:loop_detected"
+    assert result["bodies"] == 4
+    assert result["model_calls"] in (4, 5)
+
+
+def test_flag_is_a_key_with_ttl_and_a_pubsub_message(redis_service: object, redis_client: object) -> None:
+    r = redis_service
+    client = redis_client
+    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[attr-defined]
+    pubsub.subscribe(CHANNEL)
+    spans = loop_spans(4)
+    tid = trace_id_of(spans)
+    got = httpx.post(
+        f"{r.url}/v1/traces", content=protobuf_body(spans),  # type: ignore[attr-defined]
+        headers={"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {TOKEN}"},
+    )
+    assert got.status_code == 200
+    # Raised before the answer: the key is there now.
+    flag = json.loads(client.get(KEY_PREFIX + tid))  # type: ignore[attr-defined]
+    assert flag["kind"] == "loop" and flag["tool"] == "search_docs" and flag["hits"] == 4
+    assert 0 < client.ttl(KEY_PREFIX + tid) <= 3600  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 5
+    message = None
+    while message is None and time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.5)
+    assert message is not None and json.loads(message["data"])["trace_id"] == tid
+    pubsub.close()
+    client.delete(KEY_PREFIX + tid)  # type: ignore[attr-defined]
+
+
+def test_remote_check_raises_the_same_exceptions(redis_client: object) -> None:
+    import tripwire.remote as remote
+    from tripwire.serve.killchannel import RedisKillChannel, flag_payload
+
+    channel = RedisKillChannel(redis_client)
+    watcher = remote.RemoteKill(redis_url=REDIS_URL, poll_s=0.05)
+    try:
+        tid_loop, tid_budget = "ab" * 16, "cd" * 16
+        watcher.check(tid_loop)  # nothing yet: watched from now on
+        watcher.check(tid_budget)
+        from tripwire.core.budget import Limits, RunCounters, check_before_step
+
+        stop = check_before_step(Limits(max_steps=2), RunCounters(steps=2))
+        channel.raise_flag(
+            flag_payload(tid_loop, None, at=time.time()) | {"kind": "loop", "reason": "loop_detected", "rule": "period", "tool": "t", "hits": 3, "window": 10, "period": 2, "call_index": 7, "digest": "abcd"},
+            60,
+        )
+        channel.raise_flag(flag_payload(tid_budget, stop, at=time.time()), 60)
+        deadline = time.monotonic() + 5
+        while (watcher.flagged(tid_loop) is None or watcher.flagged(tid_budget) is None) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(LoopDetected) as loop:
+            watcher.check(tid_loop)
+        assert (loop.value.rule.value, loop.value.period, loop.value.call_index) == ("period", 2, 7)
+        with pytest.raises(BudgetExceeded) as budget:
+            watcher.check(tid_budget)
+        assert budget.value.limit_name == "max_steps"
+        # Cleared by the service (resolve): the run may go on.
+        channel.clear(tid_loop)
+        deadline = time.monotonic() + 5
+        while watcher.flagged(tid_loop) is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        watcher.check(tid_loop)
+        channel.clear(tid_budget)
+    finally:
+        watcher.close()
+
+
+def test_remote_fails_closed_when_configured_and_open_by_default() -> None:
+    import tripwire.remote as remote
+
+    # Nothing listens on this loopback port: the channel is unreachable.
+    closed = remote.RemoteKill(redis_url="redis://127.0.0.1:1/0", poll_s=0.05, on_unavailable="fail_closed", grace_s=0.1)
+    opened = remote.RemoteKill(redis_url="redis://127.0.0.1:1/0", poll_s=0.05)
+    try:
+        time.sleep(0.5)
+        with pytest.raises(BudgetExceeded):
+            closed.check("ef" * 16)
+        opened.check("ef" * 16)  # fail_open: the run goes on
+    finally:
+        closed.close()
+        opened.close()
+
+
+def test_operator_kill_and_resolve_through_the_api(redis_service: object, redis_client: object) -> None:
+    r = redis_service
+    spans = loop_spans(2)
+    tid = trace_id_of(spans)
+    headers = {"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {TOKEN}"}
+    httpx.post(f"{r.url}/v1/traces", content=protobuf_body(spans), headers=headers)  # type: ignore[attr-defined]
+    got = httpx.post(f"{r.url}/api/runs/{tid}/kill", headers=r.headers())  # type: ignore[attr-defined]
+    assert got.status_code == 200 and got.json()["run"]["killed"] is True
+    assert json.loads(redis_client.get(KEY_PREFIX + tid))["by"] == "operator"  # type: ignore[attr-defined]
+    got = httpx.post(f"{r.url}/api/runs/{tid}/resolve", headers=r.headers())  # type: ignore[attr-defined]
+    assert got.json()["run"]["resolved"] is True
+    assert redis_client.get(KEY_PREFIX + tid) is None  # type: ignore[attr-defined]
+    assert httpx.post(f"{r.url}/api/runs/{'0' * 31}1/kill", headers=r.headers()).status_code == 404  # type: ignore[attr-defined]

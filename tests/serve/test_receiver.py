@@ -1,0 +1,218 @@
+"""The OTLP/HTTP receiver answers as the OTLP specification says, to stock exporters too."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+
+import httpx
+import pytest
+
+from tripwire.serve import ServeConfig
+from tripwire.store.runs import RunStore
+
+from .conftest import TOKEN, Running, running_service
+from .otlp_helpers import json_body, loop_spans, protobuf_body, trace_id_of
+
+PB = {"Content-Type": "application/x-protobuf"}
+JS = {"Content-Type": "application/json"}
+
+
+def _auth(headers: dict[str, str]) -> dict[str, str]:
+    return {**headers, "Authorization": f"Bearer {TOKEN}"}
+
+
+def _wait_run(r: Running, trace_id: str, **expect: object) -> dict[str, object]:
+    deadline = time.monotonic() + 10
+    while True:
+        got = httpx.get(f"{r.url}/api/runs/{trace_id}", headers=r.headers())
+        if got.status_code == 200:
+            body = got.json()
+            if all(body.get(k) == v for k, v in expect.items()):
+                return body
+        if time.monotonic() > deadline:
+            raise AssertionError(f"run {trace_id} never matched {expect}: {got.text[:500]}")
+        time.sleep(0.05)
+
+
+def test_stock_exporter_and_batch_processor_work_unchanged(service: Running) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    exporter = OTLPSpanExporter(
+        endpoint=f"{service.url}/v1/traces", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=20))
+    tracer = provider.get_tracer("agent")
+    with tracer.start_as_current_span(
+        "invoke_agent looper",
+        attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "looper"},
+    ) as root:
+        trace_id = f"{root.get_span_context().trace_id:032x}"
+        for i in range(5):
+            with tracer.start_as_current_span(
+                "execute_tool search_docs",
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "search_docs",
+                    "gen_ai.tool.call.id": f"c{i}",
+                    "gen_ai.tool.call.arguments": json.dumps({"query": "refund policy"}),
+                    "gen_ai.tool.call.result": "No results.",
+                },
+            ):
+                pass
+            provider.force_flush()
+    assert provider.force_flush()
+    provider.shutdown()
+    run = _wait_run(service, trace_id, status="ended")
+    assert run["verdict"] == "stuck"
+    assert run["rule"] == "repetition"
+    assert run["first_stuck_call"] == 4
+    assert run["tool_calls"] == 5
+    assert run["agent"] == "looper"
+    assert run["receipt"]["reason"] == "loop_detected"
+    assert [v["verdict"] for v in run["verdicts"]] == ["stuck"]
+    # Digests only: the query text is nowhere in what the service stored.
+    assert "refund policy" not in json.dumps(run)
+
+
+def test_json_encoding_and_gzip(service: Running) -> None:
+    spans = loop_spans(4)
+    body = gzip.compress(json_body(spans))
+    got = httpx.post(
+        f"{service.url}/v1/traces", content=body, headers=_auth({**JS, "Content-Encoding": "gzip"})
+    )
+    assert got.status_code == 200, got.text
+    assert got.headers["content-type"].startswith("application/json")
+    assert got.json() == {}
+    run = _wait_run(service, trace_id_of(spans), status="ended")
+    assert run["verdict"] == "stuck"
+    assert run["tool_calls"] == 4
+
+
+def test_protobuf_answer_is_an_export_response(service: Running) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceResponse,
+    )
+
+    got = httpx.post(
+        f"{service.url}/v1/traces", content=protobuf_body(loop_spans(2)), headers=_auth(PB)
+    )
+    assert got.status_code == 200
+    response = ExportTraceServiceResponse()
+    response.ParseFromString(got.content)
+    assert not response.HasField("partial_success")
+
+
+def test_spans_of_one_trace_in_several_requests_out_of_order(sqlite_store: RunStore) -> None:
+    config = ServeConfig(tokens=(TOKEN,), reorder_s=0.3, flush_s=0.05)
+    spans = loop_spans(5)
+    tools = [s for s in spans if s.name.startswith("execute_tool")]
+    root = [s for s in spans if not s.name.startswith("execute_tool")]
+    with running_service(config, sqlite_store) as r:
+        # The 4th and 5th calls arrive first, then the first three, then the root.
+        for part in (tools[3:], tools[:3], root):
+            got = httpx.post(f"{r.url}/v1/traces", content=protobuf_body(part), headers=_auth(PB))
+            assert got.status_code == 200
+        run = _wait_run(r, trace_id_of(spans), status="ended")
+    # Judged in start-time order: stuck at the 4th call, as if the spans had come in order.
+    assert run["first_stuck_call"] == 4
+    assert [c["call_index"] for c in run["calls"]] == [1, 2, 3, 4, 5]
+
+
+def test_partial_success_names_rejected_spans(service: Running) -> None:
+    spans = loop_spans(2)
+    message = json.loads(json_body(spans))
+    message["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] = "zz"
+    got = httpx.post(f"{service.url}/v1/traces", content=json.dumps(message), headers=_auth(JS))
+    assert got.status_code == 200
+    partial = got.json()["partialSuccess"]
+    assert partial["rejectedSpans"] == "1"
+    assert "traceId" in partial["errorMessage"]
+
+
+@pytest.mark.parametrize(
+    ("body", "headers"),
+    [
+        (b"\x00\x01not protobuf\xff", PB),
+        (b"{not json", JS),
+        (b"[1, 2, 3]", JS),
+        (b"\x1f\x8b\x08garbage", {**PB, "Content-Encoding": "gzip"}),
+    ],
+)
+def test_malformed_payload_is_400_with_a_status(service: Running, body: bytes, headers: dict[str, str]) -> None:
+    got = httpx.post(f"{service.url}/v1/traces", content=body, headers=_auth(headers))
+    assert got.status_code == 400
+    if headers["Content-Type"] == "application/json":
+        assert got.json()["code"] == 3
+        assert got.json()["message"]
+
+
+def test_unsupported_content_type_is_415(service: Running) -> None:
+    got = httpx.post(f"{service.url}/v1/traces", content=b"x", headers=_auth({"Content-Type": "text/plain"}))
+    assert got.status_code == 415
+
+
+def test_oversized_body_is_413_before_and_after_gzip(sqlite_store: RunStore) -> None:
+    config = ServeConfig(tokens=(TOKEN,), reorder_s=0.0, max_body_bytes=64 * 1024)
+    with running_service(config, sqlite_store) as r:
+        big = b"x" * (65 * 1024)
+        got = httpx.post(f"{r.url}/v1/traces", content=big, headers=_auth(PB))
+        assert got.status_code == 413
+        bomb = gzip.compress(b"\x00" * (10 * 1024 * 1024))
+        assert len(bomb) < 64 * 1024
+        got = httpx.post(
+            f"{r.url}/v1/traces", content=bomb, headers=_auth({**PB, "Content-Encoding": "gzip"})
+        )
+        assert got.status_code == 413
+        # The service is still fine afterwards.
+        ok = httpx.post(f"{r.url}/v1/traces", content=protobuf_body(loop_spans(1)), headers=_auth(PB))
+        assert ok.status_code == 200
+
+
+def test_saturated_receiver_answers_503_with_retry_after(sqlite_store: RunStore) -> None:
+    # A reorder buffer that holds spans for a minute and takes at most 10 of them.
+    config = ServeConfig(tokens=(TOKEN,), reorder_s=60.0, max_buffered_spans=10)
+    with running_service(config, sqlite_store) as r:
+        first = httpx.post(f"{r.url}/v1/traces", content=protobuf_body(loop_spans(12)), headers=_auth(PB))
+        assert first.status_code == 200
+        second = httpx.post(f"{r.url}/v1/traces", content=protobuf_body(loop_spans(2)), headers=_auth(PB))
+        assert second.status_code == 503
+        assert second.headers["Retry-After"] == "1"
+
+
+def test_every_endpoint_but_healthz_needs_the_token(service: Running) -> None:
+    assert httpx.get(f"{service.url}/healthz").status_code == 200
+    for method, path in (
+        ("POST", "/v1/traces"),
+        ("GET", "/api/runs"),
+        ("GET", "/api/runs/" + "a" * 32),
+        ("POST", "/api/runs/" + "a" * 32 + "/kill"),
+        ("GET", "/metrics"),
+        ("GET", "/api/flags/" + "a" * 32),
+    ):
+        got = httpx.request(method, service.url + path, headers={"Authorization": "Bearer wrong-token-xxxxxxxx", **PB})
+        assert got.status_code == 401, path
+        got = httpx.request(method, service.url + path, headers=PB)
+        assert got.status_code == 401, path
+
+
+def test_readyz_reports_the_store(service: Running) -> None:
+    got = httpx.get(f"{service.url}/readyz")
+    assert got.status_code == 200
+    assert got.json() == {"status": "ready", "store": True, "kill_channel": True}
+
+
+def test_metrics_count_spans_transitions_and_runs(service: Running) -> None:
+    httpx.post(f"{service.url}/v1/traces", content=protobuf_body(loop_spans(5)), headers=_auth(PB))
+    httpx.post(f"{service.url}/v1/traces", content=b"junk", headers=_auth(PB))
+    text = httpx.get(f"{service.url}/metrics", headers=service.headers()).text
+    assert "tripwire_spans_received_total 6.0" in text
+    assert 'tripwire_verdict_transitions_total{rule="repetition",verdict="stuck"} 1.0' in text
+    assert 'tripwire_runs_total{stop_reason="loop_detected"} 1.0' in text
+    assert 'tripwire_requests_total{code="400"} 1.0' in text
+    assert "tripwire_tool_calls_judged_total 5.0" in text
+    assert "tripwire_processing_seconds_bucket" in text
