@@ -341,7 +341,17 @@ def test_two_invocations_in_two_threads_are_judged_separately() -> None:
     assert _answer(results["healthy"]) == "done"
 
 
+def test_the_agent_option_names_the_agent_on_receipts() -> None:
+    h = Harness(LOOPING)
+    got, sink = _receipts()
+    h.run_sync(h.plugin(agent="support", on_receipt=sink))
+    assert got[0].agent == "support"
+
+
 def test_bad_settings_name_the_field() -> None:
+    with pytest.raises(ConfigError) as err:
+        TripwirePlugin(agent="")
+    assert err.value.field == "agent"
     with pytest.raises(ConfigError) as err:
         TripwirePlugin(on_loop="page")
     assert err.value.field == "on_loop"

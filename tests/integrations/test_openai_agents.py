@@ -192,6 +192,16 @@ def test_the_callers_agent_and_tools_are_left_as_they_are() -> None:
     assert h.agent.reset_tool_choice is True
 
 
+def test_an_agent_guarded_for_an_earlier_run_is_judged_by_the_new_run() -> None:
+    h = Harness(scripted(healthy_calls()[:2]))
+    got, sink = _receipts()
+    tw = h.tripwire(on_receipt=sink)
+    earlier = TripwireHooks(tw.new_run("looper")).guard_agent(h.agent)
+    out = tw.run_sync(earlier, "q")
+    assert isinstance(out, RunResult) and out.final_output == "done"
+    assert got[0].counters.tool_calls == 2
+
+
 # -- nudge -------------------------------------------------------------------------------------
 
 
@@ -368,7 +378,17 @@ async def test_two_runs_in_two_tasks_are_judged_separately() -> None:
     assert healthy_h.counters.tool_bodies == 30
 
 
+def test_the_agent_option_names_the_agent_on_receipts() -> None:
+    h = Harness(looping)
+    got, sink = _receipts()
+    h.tripwire(agent="support", on_receipt=sink).run_sync(h.agent, "q")
+    assert got[0].agent == "support"
+
+
 def test_bad_settings_name_the_field() -> None:
+    with pytest.raises(ConfigError) as err:
+        Tripwire(agent="")
+    assert err.value.field == "agent"
     with pytest.raises(ConfigError) as err:
         Tripwire(on_loop="page")
     assert err.value.field == "on_loop"

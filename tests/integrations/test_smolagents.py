@@ -382,7 +382,17 @@ async def test_two_runs_in_two_tasks_are_judged_separately() -> None:
     assert healthy_out == "done" and healthy_h.counters.tool_bodies == 30
 
 
+def test_the_agent_option_names_the_agent_on_receipts() -> None:
+    h = Harness(looping)
+    got, sink = _receipts()
+    h.tripwire(agent="support", on_receipt=sink).run(h.agent, "q")
+    assert got[0].agent == "support"
+
+
 def test_bad_settings_name_the_field() -> None:
+    with pytest.raises(ConfigError) as err:
+        Tripwire(agent="")
+    assert err.value.field == "agent"
     with pytest.raises(ConfigError) as err:
         Tripwire(on_loop="page")
     assert err.value.field == "on_loop"

@@ -79,6 +79,7 @@ class TripwirePlugin(BasePlugin):
         limits: each invocation's budgets (default none: only count).
         loop_policy: the loop watcher's policy; ``None`` switches loop detection off.
         on_loop: ``"stop"`` (the kill switch, default) or ``"nudge"`` (one message first).
+        agent: the agent's name on receipts (default the root agent's ``name``).
         on_receipt: called once with each invocation's receipt (e.g. a store's ``save``).
         partial_answer: builds a partial answer from the run state when tripwire stops a run.
         name: the plugin's name in the Runner.
@@ -95,12 +96,16 @@ class TripwirePlugin(BasePlugin):
         *,
         loop_policy: LoopPolicy | None = DEFAULT_POLICY,
         on_loop: OnLoop | str = OnLoop.STOP,
+        agent: str | None = None,
         on_receipt: ReceiptSink | None = None,
         partial_answer: PartialAnswer | None = None,
         name: str = "tripwire",
         **guard_options: Any,
     ) -> None:
         super().__init__(name=name)
+        if agent is not None and (not isinstance(agent, str) or not agent):
+            raise ConfigError("agent", agent, "a non-empty agent name, or None")
+        self._agent = agent
         if "run_id" in guard_options:
             raise ConfigError("run_id", guard_options["run_id"], "one run id per run: not here")
         self._options: dict[str, Any] = dict(
@@ -123,7 +128,9 @@ class TripwirePlugin(BasePlugin):
         with self._lock:
             control = self._runs.get(invocation_id)
             if control is None:
-                control = self._runs[invocation_id] = new_run(agent=agent, **self._options)
+                control = self._runs[invocation_id] = new_run(
+                    agent=self._agent or agent, **self._options
+                )
             return control
 
     def stopped_run(self, invocation_id: str) -> StoppedRun | None:

@@ -224,6 +224,7 @@ class Tripwire:
         limits: each run's budgets (default none: only count).
         loop_policy: the loop watcher's policy; ``None`` switches loop detection off.
         on_loop: ``"stop"`` (the kill switch, default) or ``"nudge"`` (one message first).
+        agent: the agent's name on receipts (default the smolagents agent's ``name``).
         on_receipt: called once with each run's receipt (e.g. a store's ``save``).
         partial_answer: builds a partial answer from the run state when tripwire stops a run.
         **guard_options: further :class:`~tripwire.guard.Guard` options (``ledger``,
@@ -239,10 +240,14 @@ class Tripwire:
         *,
         loop_policy: LoopPolicy | None = DEFAULT_POLICY,
         on_loop: OnLoop | str = OnLoop.STOP,
+        agent: str | None = None,
         on_receipt: ReceiptSink | None = None,
         partial_answer: PartialAnswer | None = None,
         **guard_options: Any,
     ) -> None:
+        if agent is not None and (not isinstance(agent, str) or not agent):
+            raise ConfigError("agent", agent, "a non-empty agent name, or None")
+        self._agent = agent
         if "run_id" in guard_options:
             raise ConfigError("run_id", guard_options["run_id"], "one run id per run: not here")
         self._options: dict[str, Any] = dict(
@@ -258,8 +263,9 @@ class Tripwire:
         self._agents: dict[int, _AgentRuns] = {}
 
     def new_run(self, agent: str = "agent") -> RunControl:
-        """A fresh run with these settings."""
-        return new_run(agent=agent, **self._options)
+        """A fresh run with these settings; ``agent`` is the name on the receipt unless the
+        ``agent`` option set one."""
+        return new_run(agent=self._agent or agent, **self._options)
 
     def attach(self, agent: Any) -> Any:
         """Put ``agent`` under tripwire, in place: wrap its tools, register the step callback.
