@@ -202,6 +202,16 @@ def test_an_agent_guarded_for_an_earlier_run_is_judged_by_the_new_run() -> None:
     assert got[0].counters.tool_calls == 2
 
 
+@needs_g1
+@needs_g5
+def test_a_stopping_batch_runs_three_bodies_and_nothing_after_the_stop() -> None:
+    h = Harness(lambda i, seen, tools: [(LOOP_TOOL, dict(LOOP_ARGS))] * 3)
+    out = h.tripwire().run_sync(h.agent, "q")
+    assert isinstance(out, StoppedRun)
+    assert h.counters.loop_bodies == 3
+    assert not out.receipt.after_stop.active  # type: ignore[attr-defined]
+
+
 # -- nudge -------------------------------------------------------------------------------------
 
 
@@ -326,7 +336,7 @@ def test_a_receipt_never_claims_a_stop_the_run_went_past() -> None:
     h = Harness(looping)
     out = h.tripwire().run_sync(h.agent, "q")
     assert isinstance(out, StoppedRun)
-    assert out.receipt.after_stop.model_calls == 0  # type: ignore[attr-defined]
+    assert not out.receipt.after_stop.active  # type: ignore[attr-defined]
 
 
 def test_your_own_hooks_still_see_every_event() -> None:

@@ -222,6 +222,17 @@ def test_the_stop_propagates_out_of_a_plain_agent_run() -> None:
     assert not isinstance(h.agent.tools["final_answer"], GuardedTool)
 
 
+@needs_g1
+@needs_g5
+def test_a_stopping_parallel_batch_runs_three_bodies_and_nothing_after_the_stop() -> None:
+    h = Harness(lambda i, last, tools: [(LOOP_TOOL, dict(LOOP_ARGS))] * 3)
+    out = h.tripwire().run(h.agent, "q")
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
+    assert h.counters.loop_bodies == 3
+    assert h.counters.model_calls == 2 == h.at_stop
+    assert not out.receipt.after_stop.active  # type: ignore[attr-defined]
+
+
 # -- nudge -------------------------------------------------------------------------------------
 
 
@@ -334,7 +345,7 @@ def test_a_receipt_never_claims_a_stop_the_run_went_past() -> None:
     h = Harness(looping)
     out = h.tripwire().run(h.agent, "q")
     assert isinstance(out, StoppedRun)
-    assert out.receipt.after_stop.model_calls == 0  # type: ignore[attr-defined]
+    assert not out.receipt.after_stop.active  # type: ignore[attr-defined]
 
 
 def test_every_run_of_one_agent_gets_its_own_guard_and_receipt() -> None:

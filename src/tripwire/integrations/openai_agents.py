@@ -259,6 +259,9 @@ class TripwireHooks(RunHooks[Any]):
 
     async def _check_tool(self, data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
         context = data.context
+        stopped = self.control.stopped
+        if stopped is not None:  # a sibling in the batch of the call that stopped the run
+            return ToolGuardrailFunctionOutput.raise_exception(output_info=stopped)
         try:
             refusal = self.control.before_tool(context.tool_name, context.tool_arguments)
         except RunStopped as exc:
@@ -273,6 +276,9 @@ class TripwireHooks(RunHooks[Any]):
         if call_id in self._checked:
             self._checked.discard(call_id)
         else:  # a tool the guardrail does not cover: a stop still stops the run here
+            stopped = self.control.stopped
+            if stopped is not None:
+                raise stopped
             refusal = self.control.before_tool(tool.name, getattr(context, "tool_arguments", None))
             if refusal is not None:
                 logger.warning(

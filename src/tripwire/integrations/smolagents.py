@@ -196,6 +196,9 @@ class GuardedTool(Tool):  # type: ignore[misc]
         else:
             arguments = list(args)
         control = self._runs.current()
+        stopped = control.stopped
+        if stopped is not None:  # a sibling in the batch of the call that stopped the run
+            return f"Tool call refused: {stopped}"
         try:
             refusal = control.before_tool(self.name, arguments)
         except RunStopped as exc:
