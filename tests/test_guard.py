@@ -656,10 +656,10 @@ def test_the_nudge_is_not_sticky() -> None:
 
 
 def test_after_a_nudge_decided_after_the_call_any_trip_stops_the_run() -> None:
-    # Different arguments each time, the same result: the same-result rule trips after the
-    # call (the watcher could not know the result before). The first time is a nudge, handed
-    # out by the next before_tool; at the next trip, even with the verdict unchanged, the run
-    # stops.
+    # Different arguments each time, the same empty result: the same-result rule (6 in a row
+    # by default) trips after the call (the watcher could not know the result before). The
+    # first time is a nudge, handed out by the next before_tool; at the next trip, even with
+    # the verdict unchanged, the run stops.
     guard = Guard(on_loop="nudge")
     bodies = 0
     given: list[str] = []
@@ -672,8 +672,8 @@ def test_after_a_nudge_decided_after_the_call_any_trip_stops_the_run() -> None:
             bodies += 1
             guard.after_tool("lookup", {"order": i}, ToolResult.success("not found"))
     assert info.value.rule is Rule.SAME_RESULT
-    assert len(given) == 1 and given[0].startswith("You called lookup 8 times in a row")
-    assert bodies == 9  # 8 to trip, the nudge instead of the 9th, one more to trip again
+    assert len(given) == 1 and given[0].startswith("You called lookup 6 times in a row")
+    assert bodies == 7  # 6 to trip, the nudge instead of the 7th, one more to trip again
 
 
 def test_nudge_of_a_retry_of_a_non_retryable_failure() -> None:

@@ -40,8 +40,10 @@ def _ensure_chromium() -> None:
             _missing(f"installing chromium failed: {' '.join(cmd)}: {done.stderr[-500:]}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """One Chromium per test module: Playwright's sync API runs an event loop on this thread
+    while it is open, so it must be closed before the tests that run asyncio themselves."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
