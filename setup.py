@@ -1,8 +1,8 @@
-"""Builds the loop watcher's optional compiled hot path, ``src/tripwire/core/_speedups.c``.
+"""Builds the optional compiled leaf helpers of the signature, ``src/tripwire/core/_speedups.c``.
 
 Everything else about the package is in pyproject.toml. Without a C compiler, or if the build
-fails, tripwire installs anyway and runs the pure-Python reference implementation in
-``tripwire/core/watch.py``: the same verdicts, a few times slower per call. Set
+fails, tripwire installs anyway and runs their pure-Python twins in
+``tripwire/core/signature.py``: the same signatures and verdicts, slower per call. Set
 ``TRIPWIRE_NO_EXTENSIONS=1`` to skip the build (and, at run time, to ignore a built one).
 """
 
