@@ -222,3 +222,23 @@ def test_volatile_keys_and_polling_tools_accumulate(tmp_path: Path) -> None:
     assert config.policy.polling_tools == frozenset({"a", "b", "c"})
     keys = config.normalizer.volatile_keys
     assert "page" in keys and "cursor" not in keys and "now" not in keys
+
+
+def test_docs_config_lists_every_variable_and_option() -> None:
+    import typer.main
+
+    from tripwire.cli import app
+    from tripwire.otel.setup import ENV_VARS
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "config.md").read_text()
+    for var in ENV_VARS:
+        assert f"`{var}`" in text, var
+    group = typer.main.get_command(app)
+    for name in ("replay", "calibrate"):
+        command = group.commands[name]  # type: ignore[attr-defined]
+        for param in command.params:
+            if param.envvar:
+                assert f"`{param.envvar}`" in text, (name, param.envvar)
+            for opt in getattr(param, "opts", ()):
+                if opt.startswith("--") and opt not in ("--help", "--policy-preset"):
+                    assert f"`{opt}" in text, (name, opt)
