@@ -36,7 +36,7 @@ def test_one_key_gives_the_same_signatures_in_every_process() -> None:
     a, b = Normalizer(key=KEY), Normalizer(key=bytearray(KEY))
     args = {"query": "refund policy", "request_id": 7}
     assert a.signature("search", args) == b.signature("search", '{"query": "refund policy"}')
-    assert a.result_digest("Found 3 documents") == b.result_digest("Found 4 documents")
+    assert a.result_digest("done in 12 ms") == b.result_digest("done in 15 ms")  # durations masked
     assert a.tool_signature("search") == b.tool_signature("search")
     assert a.version == b.version
     assert pickle.loads(pickle.dumps(a)).signature("search", args) == a.signature("search", args)

@@ -632,6 +632,7 @@ def _still_stuck(
         or call.lease is not None
         or state.lease is not None
         or policy.confirm > 1
+        or call.tool in policy.polls  # a declared poll waits until its maximum wait: decide in full
     ):
         return None
     window = policy.window
@@ -655,7 +656,10 @@ def _still_stuck(
         period=1,
         window=window,
         call_index=index,
-        reason=f"{entry.describe(tool=call.tool, hits=hits, window=window)} with no new evidence",
+        reason=(
+            f"{entry.describe(tool=call.tool, hits=hits, window=window)} with no new evidence"
+            + (f"; {_declare_poll(call.tool)}" if results is not None else "")
+        ),
         arguments_seen=not sig.name_only,
         policy_version=policy.version,
         normalizer_version=normalizer.version,
