@@ -21,11 +21,16 @@ A call repeated with the same arguments after an error explicitly marked non-ret
 Further rules, calibrated on real agent runs (see the README, "How well it works"):
 ``same_error`` (consecutive calls failing with the same error class, whatever the arguments:
 fighting a broken toolchain), ``failures`` (most of the last ``window`` calls failed, whatever
-the error), ``same_result`` (consecutive calls of one tool getting the same result) and
-``revisit`` (consecutive calls, or most of the last ``window``, that each repeat an earlier call
-of the run and get the same result: a cycle too long for the window). Results are not evidence
-for these: a changing error message is not progress, and a revisit is by definition the same
-result again.
+the error), ``same_result`` (consecutive calls of one tool that all found nothing, whatever
+their arguments) and ``revisit`` (consecutive calls, or most of the last ``window``, that each
+repeat an earlier call of the run and get the same result: a cycle too long for the window; a
+stretch replayed in order counts from its third time through, see :data:`REPLAY_GRACE`).
+Results are not evidence for these: they are about failures and results that do not change.
+For the repetition and period rules a changed result is evidence even when the calls failed
+(decided on recorded runs: see ``docs/policy.md``).
+
+A declared poll (:attr:`LoopPolicy.polls`) repeating with the same result is ``waiting``
+until its maximum wait, then ``stuck``; checked right after the lease.
 
 A ``stuck``/``uncertain`` verdict stays in force until a whole window of calls passes without
 any rule tripping: a single different call inside a loop is not a recovery.
