@@ -37,20 +37,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::tripwire.prices.CostNotFoundWarning"),
 ]
 
-NO_CURRENT_SPAN = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="OpenInference's LangChain tracer leaves no current span in the tool, so check() "
-    "silently does nothing; the engine engineer is fixing check() for that case",
-)
-AGENT_NODES = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="create_react_agent's model node is an OpenInference AGENT span, taken as a run "
-    "boundary that restarts the loop window; the engine engineer is fixing run boundaries",
-)
-
-
 def checked_tools(counters: Counters) -> list[BaseTool]:
     """The tools as the docs say to write them: ``tripwire.check(tool=...)`` first."""
 
@@ -107,11 +93,9 @@ def run_otel(graph_kind: str, instrumentation: str, script: Any, counters: Count
 
 CASES = [
     pytest.param("create_agent", "openllmetry", id="create_agent-openllmetry"),
-    pytest.param("create_agent", "openinference", id="create_agent-openinference",
-                 marks=NO_CURRENT_SPAN),
+    pytest.param("create_agent", "openinference", id="create_agent-openinference"),
     pytest.param("create_react_agent", "openllmetry", id="create_react_agent-openllmetry"),
-    pytest.param("create_react_agent", "openinference", id="create_react_agent-openinference",
-                 marks=AGENT_NODES),
+    pytest.param("create_react_agent", "openinference", id="create_react_agent-openinference"),
 ]  # fmt: skip
 
 
