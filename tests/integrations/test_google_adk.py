@@ -332,6 +332,14 @@ def test_the_plugin_forgets_finished_invocations() -> None:
     assert plugin._runs == {} and plugin._refused == set()
 
 
+def test_an_invocation_that_crashes_still_hands_over_a_receipt_that_claims_no_end() -> None:
+    h = Harness([(LOOP_TOOL, {"query": "billing"})])  # MockModel runs out of responses
+    got, sink = _receipts()
+    with pytest.raises(IndexError):
+        h.run_sync(h.plugin(on_receipt=sink))
+    assert len(got) == 1 and got[0].reason is None and got[0].end is None
+
+
 # -- two runs at once --------------------------------------------------------------------------
 
 

@@ -354,6 +354,16 @@ def test_your_own_hooks_still_see_every_event() -> None:
     assert seen == ["llm", "search_docs", "llm", "fetch_page", "llm"]
 
 
+def test_a_run_that_crashes_still_hands_over_a_receipt_that_claims_no_end() -> None:
+    h = Harness(looping)
+    h.model = ScriptedModel([ModelStep.raise_error(RuntimeError("model down"))])
+    h.agent = h.agent.clone(model=h.model)
+    got, sink = _receipts()
+    with pytest.raises(RuntimeError, match="model down"):
+        h.tripwire(on_receipt=sink).run_sync(h.agent, "q")
+    assert len(got) == 1 and got[0].reason is None and got[0].end is None
+
+
 # -- two runs at once --------------------------------------------------------------------------
 
 

@@ -359,6 +359,17 @@ def test_every_run_of_one_agent_gets_its_own_guard_and_receipt() -> None:
     assert got[0].run_id != got[1].run_id
 
 
+def test_a_run_that_crashes_still_hands_over_a_receipt_that_claims_no_end() -> None:
+    def broken(i: int, last: str, tools: list[str]) -> Reply:
+        raise RuntimeError("model down")
+
+    h = Harness(broken)
+    got, sink = _receipts()
+    with pytest.raises(Exception, match="model down"):
+        h.tripwire(on_receipt=sink).run(h.agent, "q")
+    assert len(got) == 1 and got[0].reason is None and got[0].end is None
+
+
 # -- two runs at once --------------------------------------------------------------------------
 
 

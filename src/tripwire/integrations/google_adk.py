@@ -148,9 +148,9 @@ class TripwirePlugin(BasePlugin):
         self._end(invocation_context.invocation_id)
 
     async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
-        self._end(invocation_context.invocation_id)
+        self._end(invocation_context.invocation_id, crashed=True)
 
-    def _end(self, invocation_id: str) -> None:
+    def _end(self, invocation_id: str, *, crashed: bool = False) -> None:
         with self._lock:
             control = self._runs.pop(invocation_id, None)
             self._refused = {k for k in self._refused if k[0] != invocation_id}
@@ -158,7 +158,10 @@ class TripwirePlugin(BasePlugin):
             return
         stopped = control.stopped
         if stopped is None:
-            control.finish()
+            if crashed:  # not completed: a receipt that does not claim how the run ended
+                control._emit()
+            else:
+                control.finish()
             return
         result = control.stop_result(stopped)
         with self._lock:
