@@ -84,9 +84,9 @@ def test_loop_detected_period_message() -> None:
 def test_loop_detected_non_retryable_message_and_reason() -> None:
     exc = loop(Rule.RETRY_OF_NON_RETRYABLE, hits=2, call_index=2)
     assert str(exc) == (
-        "search_docs was called again with identical arguments (sig 3f9a0c1d…) at call 2 after "
-        "it failed with an error marked non-retryable; change the arguments or report the "
-        "failure instead of retrying"
+        "search_docs was called again with identical arguments (sig 3f9a0c1d…) after it failed "
+        "with an error marked non-retryable (tripped at call 2); change the arguments or report "
+        "the failure instead of retrying"
     )
     assert exc.reason is StopReason.RETRY_OF_NON_RETRYABLE
 
@@ -94,14 +94,15 @@ def test_loop_detected_non_retryable_message_and_reason() -> None:
 def test_loop_detected_same_error_message() -> None:
     exc = loop(Rule.SAME_ERROR, hits=5, call_index=9, digest="")
     assert str(exc) == (
-        "the last 5 calls, ending with search_docs at call 9, all failed with the same error; "
-        "fix the cause or report it instead of trying variations"
+        "the last 5 calls, ending with search_docs, all failed with the same error (tripped at "
+        "call 9); fix the cause or report it instead of trying variations, or raise "
+        "LoopPolicy(same_error=...)"
     )
 
 
 def test_loop_detected_failures_message_names_the_switch() -> None:
     exc = loop(Rule.FAILURES, hits=8, call_index=12, digest="")
-    assert str(exc).startswith("8 of the last 10 calls, up to search_docs at call 12, failed;")
+    assert str(exc).startswith("8 of the last 10 calls, up to search_docs, failed (tripped at call 12);")
     assert "LoopPolicy(failure_share=...)" in str(exc)
 
 

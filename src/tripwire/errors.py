@@ -114,6 +114,7 @@ class LoopDetected(RunStopped):
         partial: Any = None,
     ) -> None:
         from tripwire.core.reasons import stop_reason_for
+        from tripwire.core.rules import loop_message
 
         self.rule = rule
         self.tool = tool
@@ -125,7 +126,15 @@ class LoopDetected(RunStopped):
         if reason is None:
             reason = stop_reason_for(rule)
         if message is None:
-            message = _loop_message(rule, tool, hits, window, period, call_index, digest)
+            message = loop_message(
+                rule,
+                tool=tool,
+                hits=hits,
+                window=window,
+                period=period,
+                call_index=call_index,
+                digest=digest,
+            )
         super().__init__(
             message,
             reason=reason,
@@ -140,54 +149,6 @@ class LoopDetected(RunStopped):
             call_index=call_index,
             digest=digest,
         )
-
-
-def _loop_message(
-    rule: Rule, tool: str, hits: int, window: int, period: int, call_index: int, digest: str
-) -> str:
-    from tripwire.core.reasons import Rule
-
-    sig = f" (sig {digest[:8]}…)" if digest else ""
-    if rule is Rule.RETRY_OF_NON_RETRYABLE:
-        return (
-            f"{tool} was called again with identical arguments{sig} at call {call_index} after "
-            "it failed with an error marked non-retryable; change the arguments or report the "
-            "failure instead of retrying"
-        )
-    if rule is Rule.PERIOD:
-        return (
-            f"the last {hits * period} calls, ending with {tool}{sig}, repeat a cycle of "
-            f"{period} calls {hits}× (tripped at call {call_index}); tell the model to change "
-            "approach, or raise LoopPolicy(min_repeats=...) if this cycle is expected"
-        )
-    if rule is Rule.SAME_RESULT:
-        return (
-            f"the last {hits} {tool} calls, up to call {call_index}, all got the same result "
-            "whatever their arguments; tell the model this search is exhausted, or raise "
-            "LoopPolicy(same_result=...)"
-        )
-    if rule is Rule.REVISIT:
-        return (
-            f"{hits} of the last calls, up to {tool} at call {call_index}, each repeated an earlier "
-            "call and got the same result; tell the model it is going in circles, or raise "
-            "LoopPolicy(revisit=..., revisit_share=...)"
-        )
-    if rule is Rule.FAILURES:
-        return (
-            f"{hits} of the last {window} calls, up to {tool} at call {call_index}, failed; fix "
-            "the environment or report it instead of trying variations, or raise "
-            "LoopPolicy(failure_share=...)"
-        )
-    if rule is Rule.SAME_ERROR:
-        return (
-            f"the last {hits} calls, ending with {tool} at call {call_index}, all failed with "
-            "the same error; fix the cause or report it instead of trying variations"
-        )
-    return (
-        f"{tool} repeated {hits}× with identical arguments{sig} in the last {window} calls "
-        f"(tripped at call {call_index}); tell the model to change approach, or raise "
-        "LoopPolicy(threshold=...) if this tool polls"
-    )
 
 
 class BudgetExceeded(RunStopped):

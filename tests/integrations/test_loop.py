@@ -4,6 +4,7 @@ calls are counted."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from typing import Any
@@ -19,7 +20,13 @@ from openai.types.chat import ChatCompletion
 from tripwire import BudgetExceeded, ConfigError, Limits, LoopDetected, StopReason
 from tripwire.core.receipt import StopReceipt
 from tripwire.integrations import StoppedRun
-from tripwire.integrations.loop import LoopResult, run_anthropic, run_openai
+from tripwire.integrations.loop import (
+    LoopResult,
+    arun_anthropic,
+    arun_openai,
+    run_anthropic,
+    run_openai,
+)
 
 from .agent_scripts import Script, looping, obeys_nudge, scripted, stubborn
 from .scripts import Counters, healthy_calls, order_calls, run_body
@@ -282,3 +289,57 @@ def test_bad_settings_name_the_field() -> None:
     with pytest.raises(ConfigError) as err:
         run_openai(client, model="m", messages=[], functions={}, max_turns=0)
     assert err.value.field == "max_turns"
+
+
+class _Async:
+    """The async client (``AsyncOpenAI`` / ``AsyncAnthropic``) shape over a scripted one."""
+
+    def __init__(self, sync: Any, path: str) -> None:
+        create = sync
+        for part in path.split("."):
+            create = getattr(create, part)
+
+        async def acreate(**kwargs: Any) -> Any:
+            await asyncio.sleep(0)  # let the other task run between model calls
+            return create(**kwargs)
+
+        holder: Any = self
+        *parents, last = path.split(".")
+        for part in parents:
+            child = type(part, (), {})()
+            setattr(holder, part, child)
+            holder = child
+        setattr(holder, last, acreate)
+
+
+async def _arun(kind: str, script: Script, counters: Counters) -> Any:
+    async def search_docs(query: str) -> str:  # an async tool function
+        await asyncio.sleep(0)
+        return run_body(counters, "search_docs", {"query": query})
+
+    functions: dict[str, Any] = {"search_docs": search_docs}
+    for name in ("fetch_page", "lookup_order"):
+        functions[name] = (lambda n: lambda **kw: run_body(counters, n, kw))(name)
+    prompt = [{"role": "user", "content": "q"}]
+    if kind == "openai":
+        client = _Async(ScriptedOpenAI(script, counters), "chat.completions.create")
+        tools = [{"type": "function", "function": {"name": n}} for n in TOOL_NAMES]
+        return await arun_openai(client, model="gpt-4o-mini", messages=prompt, tools=tools,
+                                 functions=functions)  # fmt: skip
+    client = _Async(ScriptedAnthropic(script, counters), "messages.create")
+    tools = [{"name": n, "input_schema": {"type": "object"}} for n in TOOL_NAMES]
+    return await arun_anthropic(client, model="claude-haiku-4-5", messages=prompt, tools=tools,
+                                functions=functions)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+async def test_two_async_runs_in_tasks_are_judged_separately(kind: str) -> None:
+    loop_counters, healthy_counters = Counters(), Counters()
+    loop_out, healthy_out = await asyncio.gather(
+        _arun(kind, looping, loop_counters),
+        _arun(kind, scripted(healthy_calls()), healthy_counters),
+    )
+    assert isinstance(loop_out, StoppedRun) and loop_out.reason is StopReason.LOOP_DETECTED
+    assert loop_counters.model_calls == loop_out.counters.steps
+    assert isinstance(healthy_out, LoopResult) and healthy_out.output == "done"
+    assert healthy_counters.tool_bodies == 30

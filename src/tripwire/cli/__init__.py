@@ -42,6 +42,7 @@ from tripwire.cli import calibrate as _calibrate  # noqa: E402,F401
 from tripwire.cli import demo as _demo  # noqa: E402,F401
 from tripwire.cli import explain as _explain  # noqa: E402,F401
 from tripwire.cli import replay as _replay  # noqa: E402,F401
+from tripwire.cli import report as _report  # noqa: E402,F401
 from tripwire.cli import serve as _serve  # noqa: E402,F401
 
 

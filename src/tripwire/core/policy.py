@@ -15,6 +15,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, Final
 
+from tripwire.core.rules import TripLimits, trip_limits
 from tripwire.errors import ConfigError
 
 __all__ = [
@@ -173,10 +174,10 @@ class LoopPolicy:
     collectors). Never delays ``retry_of_non_retryable``."""
     version: str = field(init=False, compare=False)
     """A stable digest of every field above: record it with every verdict."""
-    trip_limits: tuple[int, int, int, int, int, int] = field(init=False, compare=False, repr=False)
-    """The counts at which the repetition, same-error, same-result, revisit (in a row and in the
-    window) and failures rules trip, with rules that are off as a count never reached: the
-    watcher's per-call check that no rule tripped is six integer comparisons."""
+    trip_limits: TripLimits = field(init=False, compare=False, repr=False)
+    """Each rule's trip count under this policy, by field name (a rule that is off has a count
+    never reached): the watcher's per-call check that no rule can trip is a few integer
+    comparisons (:func:`tripwire.core.rules.trip_limits`)."""
 
     def __post_init__(self) -> None:
         _positive_int("window", self.window)
@@ -221,19 +222,7 @@ class LoopPolicy:
             raise ConfigError("retry", self.retry, "a RetryPolicy or None")
         object.__setattr__(self, "retry_per_tool", MappingProxyType(dict(self.retry_per_tool)))
         object.__setattr__(self, "version", f"{POLICY_SCHEME}:{self.name}:{self._digest()}")
-        never = self.window + 1 + (1 << 62)
-        object.__setattr__(
-            self,
-            "trip_limits",
-            (
-                self.threshold,
-                never if self.same_error is None else self.same_error,
-                never if self.same_result is None else self.same_result,
-                never if self.revisit is None else self.revisit,
-                never if self.revisit_share is None else self.share_count(self.revisit_share),
-                never if self.failure_share is None else self.share_count(self.failure_share),
-            ),
-        )
+        object.__setattr__(self, "trip_limits", trip_limits(self))
 
     def _digest(self) -> str:
         parts: list[str] = []

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgspec
 
@@ -43,20 +43,29 @@ from tripwire.core._compiled import speedups
 from tripwire.core.events import Lease, ToolCall
 from tripwire.core.policy import KeyMode, LoopPolicy
 from tripwire.core.reasons import Rule, Verdict
+from tripwire.core.rules import RETRY_OF_NON_RETRYABLE, RULES, LoopRule, loop_message
 from tripwire.core.signature import Normalizer, Signature
 from tripwire.errors import LoopDetected
 
-__all__ = ["COMPILED", "Assessment", "RunState", "evaluate"]
+__all__ = ["COMPILED", "Assessment", "Failure", "RunState", "evaluate", "preview"]
 
 _MASK64: Final = (1 << 64) - 1
 
-_RESULTS_ARE_NOT_EVIDENCE: Final = frozenset(
-    {Rule.SAME_ERROR, Rule.SAME_RESULT, Rule.REVISIT, Rule.FAILURES}
-)
 
-_Failure = tuple[str | None, bool | None, float | None, int, int]
-"""The last failure of one signature: error class, retryable flag, end time, consecutive failed
-attempts, and the 1-based index of the call that failed."""
+class Failure(NamedTuple):
+    """The last failure of one signature still in the window."""
+
+    error_type: str | None
+    """The error class (``None`` for a call declared non-retryable without one)."""
+    retryable: bool | None
+    """The retryable flag the call declared."""
+    end_s: float | None
+    """When the failed call ended."""
+    attempts: int
+    """Consecutive failed attempts of this signature."""
+    call_index: int
+    """1-based index of the call that failed."""
+
 
 _TOOL_ARGS: Final = KeyMode.TOOL_ARGS
 _WORKING: Final = Verdict.WORKING
@@ -101,20 +110,38 @@ class Assessment(msgspec.Struct, frozen=True, kw_only=True):
     """False when the deciding signature had no arguments (name-only)."""
     policy_version: str = ""
     normalizer_version: str = ""
+    limit: str = ""
+    """The :class:`~tripwire.core.policy.LoopPolicy` field whose count tripped (``threshold``,
+    ``revisit_share``…; empty when no rule tripped, or for ``retry_of_non_retryable``)."""
 
     def exception(self, **fields: Any) -> LoopDetected:
         """The :class:`~tripwire.errors.LoopDetected` that stops a run on this assessment.
 
         ``fields`` are passed on (e.g. ``counters=``, ``partial=``, ``receipt=``).
         """
-        return LoopDetected(
-            rule=self.rule if self.rule is not None else Rule.REPETITION,
-            tool=self.tool or "",
+        rule = self.rule if self.rule is not None else Rule.REPETITION
+        tool = self.tool or ""
+        period = self.period or 1
+        digest = self.digest or ""
+        message = loop_message(
+            rule,
+            tool=tool,
             hits=self.hits,
             window=self.window,
-            period=self.period or 1,
+            period=period,
             call_index=self.call_index,
-            digest=self.digest or "",
+            digest=digest,
+            limit=self.limit,
+        )
+        return LoopDetected(
+            message,
+            rule=rule,
+            tool=tool,
+            hits=self.hits,
+            window=self.window,
+            period=period,
+            call_index=self.call_index,
+            digest=digest,
             **fields,
         )
 
@@ -164,11 +191,11 @@ class RunState:
         """runs[p]: trailing positions i with key[i] == key[i - p]; only non-zero entries (a call
         unlike its last ``max_period`` predecessors, the common case, leaves it empty)."""
         self.results: array[int] | None = None
-        """Ring of result digests (allocated on the first result)."""
+        """Ring of result hashes, 0 for "no result" (allocated on the first result)."""
         self.progress: list[str | None] | None = None
         """Ring of progress fingerprints (allocated on the first fingerprint)."""
-        self.failures: dict[int, _Failure] | None = None
-        """Last failure of each signature still in the window: error, retryable, end, attempts."""
+        self.failures: dict[int, Failure] | None = None
+        """Last failure of each signature still in the window, oldest first."""
         self.seen: bytearray | None = None
         """The last ``revisit_memory`` (signature, result) pairs, 8 bytes each, as a ring: one
         C-level ``find`` answers "seen before?" in a few hundred bytes (revisit rule)."""
@@ -176,8 +203,8 @@ class RunState:
         """Next slot of the ``seen`` ring."""
         self.last_tool: str | None = None
         """The previous call's tool (same-result rule)."""
-        self.last_result: str | None = None
-        """The previous call's result digest (same-result rule)."""
+        self.last_result = 0
+        """The previous call's result hash, 0 when it had none (same-result rule)."""
         self.outcome_run = 0
         """Consecutive calls of the same tool that got the same result (same-result rule)."""
         self.revisit_run = 0
@@ -205,6 +232,19 @@ class RunState:
         """Empty state sized for ``policy``."""
         return cls(policy.window, policy.max_period or 1)
 
+    def copy(self) -> RunState:
+        """An independent copy (what :func:`preview` runs a call on)."""
+        twin = RunState.__new__(RunState)
+        for name in RunState.__slots__:
+            value = getattr(self, name)
+            if type(value) in _MUTABLE:
+                value = value[:] if type(value) is not dict else value.copy()
+            setattr(twin, name, value)
+        return twin
+
+
+_MUTABLE: Final = frozenset((list, dict, bytearray, array))
+
 
 def evaluate(
     state: RunState,
@@ -230,6 +270,85 @@ def evaluate(
         force is always ``state.current``.
     """
     sig = normalizer.signature(call.tool, call.arguments) if signature is None else signature
+    digest = call.result_digest
+    # 0 marks "no result"; a digest hashing to 0 is stored as 1 (a harmless collision).
+    return _observe(
+        state, call, sig, (hash(digest) or 1) if digest is not None else 0, policy, normalizer, now_s
+    )
+
+
+def preview(
+    state: RunState,
+    tool: str,
+    signature: Signature,
+    policy: LoopPolicy,
+    normalizer: Normalizer,
+    *,
+    now_s: float | None = None,
+) -> Assessment | None:
+    """The ``stuck`` assessment the run would get if ``tool`` were called now, else ``None``.
+
+    The call is assumed to succeed and to return the result that the last call with the same key
+    among the ``window - 1`` calls that stay in the window with it got, or no result if there is
+    none: what an agent repeating itself gets.
+    The guard calls this before a tool body runs, to refuse the call that would trip a rule.
+    ``state`` is never changed. When no rule could trip at the next call (the common case) this
+    is a few count checks; otherwise the call is tried on a copy of the state.
+
+    Returns:
+        The assessment :func:`evaluate` would put in force at that call, when it is ``stuck``
+        (``retry_of_non_retryable`` included); ``None`` otherwise.
+    """
+    args_key = signature.key
+    key = args_key if policy.key is _TOOL_ARGS else normalizer.tool_signature(tool).key
+    limits = policy.trip_limits
+    window = policy.window
+    index = state.calls + 1
+    slot = (index - 1) % window
+    keys = state.keys
+    hits = state.counts.get(key, 0) + 1 - (keys[slot] == key)
+    results = state.results
+    if (
+        hits < limits.threshold
+        and key not in state.recent
+        and not (state.failures and args_key in state.failures)
+        and state.failed_recent < limits.failure_share
+        and (
+            results is None
+            or (
+                state.outcome_run + 1 < limits.same_result
+                and state.revisit_run + 1 < limits.revisit
+                and state.revisits_recent + 1 < limits.revisit_share
+            )
+        )
+    ):
+        return None
+    result = 0
+    if results is not None:
+        # The calls that stay in the window with this one, newest first.
+        for back in range(min(state.calls, window - 1)):
+            s = (index - 2 - back) % window
+            if keys[s] == key:
+                result = results[s]
+                break
+    twin = state.copy()
+    _observe(twin, ToolCall(tool=tool), signature, result, policy, normalizer, now_s)
+    current = twin.current
+    if current is not None and current.verdict is _STUCK and current.call_index == index:
+        return current
+    return None
+
+
+def _observe(
+    state: RunState,
+    call: ToolCall,
+    sig: Signature,
+    result: int,
+    policy: LoopPolicy,
+    normalizer: Normalizer,
+    now_s: float | None,
+) -> Assessment | None:
+    """:func:`evaluate` for a call whose result hash (0 = none) is ``result``."""
     args_key = sig.key
     key = args_key if policy.key is _TOOL_ARGS else normalizer.tool_signature(call.tool).key
     window = policy.window
@@ -265,13 +384,11 @@ def evaluate(
     recent.insert(0, key)
     recent.pop()
 
-    digest = call.result_digest
-    if digest is not None or state.results is not None:
+    if result or state.results is not None:
         results = state.results
         if results is None:
             results = state.results = array("q", bytes(8 * window))
-        # 0 marks "no result"; a digest hashing to 0 is stored as 1 (a harmless collision).
-        results[slot] = (hash(digest) or 1) if digest is not None else 0
+        results[slot] = result
     if call.progress is not None or state.progress is not None:
         progress = state.progress
         if progress is None:
@@ -298,28 +415,28 @@ def evaluate(
         state.failed_recent += failed
 
     # Same-result streak: only a recorded result can continue or start one.
-    if digest is not None:
+    if result:
         tool = call.tool
-        if digest == state.last_result and tool == state.last_tool:
+        if result == state.last_result and tool == state.last_tool:
             state.outcome_run += 1
         else:
             state.outcome_run = 1
         state.last_tool = tool
-        state.last_result = digest
-    elif state.last_result is not None or state.outcome_run:
+        state.last_result = result
+    elif state.last_result or state.outcome_run:
         state.outcome_run = 0
-        state.last_result = None
+        state.last_result = 0
 
     # --- retry of a non-retryable failure: decided before anything else, never delayed ----
-    prior: _Failure | None = None
+    prior: Failure | None = None
     if state.failures or error is not None or call.retryable is False:
-        prior, decided, outcome = _failure_step(state, call, sig, args_key, index, policy, normalizer)
+        prior, decided, outcome = _failure_step(state, call, sig, index, policy, normalizer)
         if decided:
             return outcome
-    if digest is None:
+    if not result:
         state.revisit_run = 0
     elif (policy.revisit is not None or policy.revisit_share is not None) and _track_revisit(
-        state, policy, args_key, digest
+        state, policy, args_key, result
     ):
         marks = state.marks
         if marks is None:
@@ -327,18 +444,17 @@ def evaluate(
         marks[slot] |= 2
         state.revisits_recent += 1
 
-    # --- the rules: every rule that trips, in order; evidence that explains one rule away does
-    # not explain away another (a repeated edit whose results changed once may still be part of
-    # a run that keeps revisiting the same results) -----------------------------------------
+    # --- the rules: can any trip at this call? (a few named comparisons; RULES holds each
+    # rule's own test, run below only when one might) --------------------------------------
     limits = policy.trip_limits
     if (
-        hits < limits[0]
+        hits < limits.threshold
         and not state.runs
-        and state.error_run < limits[1]
-        and state.outcome_run < limits[2]
-        and state.revisit_run < limits[3]
-        and state.revisits_recent < limits[4]
-        and state.failed_recent < limits[5]
+        and state.error_run < limits.same_error
+        and state.outcome_run < limits.same_result
+        and state.revisit_run < limits.revisit
+        and state.revisits_recent < limits.revisit_share
+        and state.failed_recent < limits.failure_share
     ):
         current = state.current
         if current is not None and current.verdict is _WORKING:  # the common case, inlined
@@ -353,29 +469,29 @@ def _failure_step(
     state: RunState,
     call: ToolCall,
     sig: Signature,
-    args_key: int,
     index: int,
     policy: LoopPolicy,
     normalizer: Normalizer,
-) -> tuple[_Failure | None, bool, Assessment | None]:
+) -> tuple[Failure | None, bool, Assessment | None]:
     """Failure bookkeeping for a call that failed, was declared non-retryable, or may repeat a
     failure still in the window; decides ``retry_of_non_retryable``.
 
     Returns the signature's previous failure (if still in the window), whether the verdict is
     decided here, and if so what :func:`evaluate` returns.
     """
+    args_key = sig.key
     window = policy.window
     failures = state.failures
-    prior: _Failure | None = None
+    prior: Failure | None = None
     if failures:
         prior = failures.get(args_key)
-        if prior is not None and index - prior[4] >= window:
+        if prior is not None and index - prior.call_index >= window:
             # The failure is no longer among the last ``window`` calls (this call included).
             del failures[args_key]
             prior = None
     if prior is None and call.error_type is None and call.retryable is not False:
         return None, False, None
-    if prior is not None and prior[1] is False and not sig.name_only:
+    if prior is not None and prior.retryable is False and not sig.name_only:
         _remember_failure(state, args_key, call, prior, window)
         state.last_trip = index
         return prior, True, _set(
@@ -385,13 +501,15 @@ def _failure_step(
                 rule=Rule.RETRY_OF_NON_RETRYABLE,
                 tool=call.tool,
                 digest=sig.digest,
-                hits=prior[3] + 1,
+                hits=prior.attempts + 1,
                 period=1,
                 window=window,
                 call_index=index,
-                reason=(
-                    f"{call.tool} was called again with identical arguments after an error "
-                    f"({prior[0] or 'unknown'}) marked non-retryable"
+                reason=RETRY_OF_NON_RETRYABLE.describe(
+                    tool=call.tool,
+                    hits=prior.attempts + 1,
+                    window=window,
+                    error=f" ({prior.error_type or 'unknown'})",
                 ),
                 policy_version=policy.version,
                 normalizer_version=normalizer.version,
@@ -411,34 +529,22 @@ def _judge(
     policy: LoopPolicy,
     normalizer: Normalizer,
     now_s: float | None,
-    prior: _Failure | None,
+    prior: Failure | None,
 ) -> Assessment | None:
-    """The verdict after a call at which some rule may have tripped."""
+    """The verdict after a call at which some rule may have tripped: every rule that trips, in
+    table order (one per group); evidence that explains one rule away does not explain away
+    another (a repeated edit whose results changed once may still be part of a run that keeps
+    revisiting the same results)."""
     limits = policy.trip_limits
-    trips: list[tuple[Rule, int, int, bool]] = []
-    if hits >= policy.threshold:
-        trips.append((Rule.REPETITION, 1, hits, False))
-    elif state.runs and policy.max_period is not None:
-        runs = state.runs
-        # A cycle whose unit is one call repeated (all of its last p - 1 steps equal to their
-        # predecessor) is period 1: the repetition rule's job.
-        same = runs.get(1, 0)
-        need = policy.min_repeats - 1
-        for p in sorted(runs):
-            run = runs[p]
-            if p >= 2 and run >= need * p and same < p - 1:
-                trips.append((Rule.PERIOD, p, run // p + 1, False))
-                break
-    if state.error_run >= limits[1]:
-        trips.append((Rule.SAME_ERROR, 1, state.error_run, False))
-    if state.outcome_run >= limits[2]:
-        trips.append((Rule.SAME_RESULT, 1, state.outcome_run, False))
-    if state.revisit_run >= limits[3]:
-        trips.append((Rule.REVISIT, 1, state.revisit_run, False))
-    elif state.revisits_recent >= limits[4]:
-        trips.append((Rule.REVISIT, 1, state.revisits_recent, True))
-    if state.failed_recent >= limits[5]:
-        trips.append((Rule.FAILURES, 1, state.failed_recent, True))
+    trips: list[tuple[LoopRule, int, int]] = []
+    tripped_groups: set[str] = set()
+    for entry in RULES:
+        if entry.group in tripped_groups:
+            continue
+        trip = entry.test(state, hits, limits)
+        if trip is not None:
+            tripped_groups.add(entry.group)
+            trips.append((entry, trip[0], trip[1]))
 
     if not trips:  # only a period run that is not yet a cycle
         return _quiet(state, call, index, policy, normalizer)
@@ -446,8 +552,8 @@ def _judge(
     state.last_trip = index
     # The first rule not explained away decides; if every one is, the first one's "working" does.
     decisions = (
-        _decide(state, call, sig, key, policy, normalizer, rule, period, rule_hits, index, now_s, prior, windowed)
-        for rule, period, rule_hits, windowed in trips
+        _decide(state, call, sig, key, policy, normalizer, entry, period, rule_hits, index, now_s, prior)
+        for entry, period, rule_hits in trips
     )
     assessment = next(decisions)
     if assessment.verdict is _WORKING:
@@ -511,13 +617,13 @@ def _new_working(index: int, policy: LoopPolicy, normalizer: Normalizer) -> Asse
     )
 
 
-def _track_revisit(state: RunState, policy: LoopPolicy, args_key: int, result_digest: str) -> bool:
+def _track_revisit(state: RunState, policy: LoopPolicy, args_key: int, result: int) -> bool:
     """Count consecutive calls whose (signature, result) pair was seen before in the run;
     True when this call is such a revisit."""
     seen = state.seen
     if seen is None:
         seen = state.seen = bytearray(8 * policy.revisit_memory)
-    packed = ((args_key ^ hash(result_digest)) & _MASK64 or 1).to_bytes(8, "little")
+    packed = ((args_key ^ result) & _MASK64 or 1).to_bytes(8, "little")
     at = seen.find(packed)
     while at > 0 and at % 8:  # a match straddling two entries is no match
         at = seen.find(packed, at + 1)
@@ -535,16 +641,16 @@ def _remember_failure(
     state: RunState,
     args_key: int,
     call: ToolCall,
-    prior: _Failure | None,
+    prior: Failure | None,
     window: int,
 ) -> None:
     failures = state.failures
     if call.failed or call.retryable is False:
         if failures is None:
             failures = state.failures = {}
-        attempts = prior[3] + 1 if prior is not None else 1
+        attempts = prior.attempts + 1 if prior is not None else 1
         failures.pop(args_key, None)  # re-insert: the dict's order is the failures' recency
-        failures[args_key] = (call.error_type, call.retryable, call.end_s, attempts, state.calls)
+        failures[args_key] = Failure(call.error_type, call.retryable, call.end_s, attempts, state.calls)
         if len(failures) > window:
             # Bounded like the window: forget the oldest failure first.
             del failures[next(iter(failures))]
@@ -553,17 +659,17 @@ def _remember_failure(
 
 
 def _repeated_slots(
-    state: RunState, key: int, rule: Rule, period: int, hits: int, window: int, windowed: bool
+    state: RunState, key: int, entry: LoopRule, period: int, hits: int, window: int
 ) -> list[int]:
     """Ring slots of the calls that form the repetition, oldest first."""
     index = state.calls
-    if windowed:  # a share of the window: the whole window is the repetition
+    if entry.windowed:  # a share of the window: the whole window is the repetition
         return [(index - 1 - back) % window for back in range(min(index, window) - 1, -1, -1)]
-    if rule is Rule.REPETITION:
+    if entry.rule is Rule.REPETITION:
         span = min(index, window)
         slots = [(index - 1 - back) % window for back in range(span - 1, -1, -1)]
         return [s for s in slots if state.keys[s] == key]
-    span = min(index, window, period * hits if rule is Rule.PERIOD else hits)
+    span = min(index, window, period * hits if entry.rule is Rule.PERIOD else hits)
     return [(index - 1 - back) % window for back in range(span - 1, -1, -1)]
 
 
@@ -574,20 +680,19 @@ def _decide(
     key: int,
     policy: LoopPolicy,
     normalizer: Normalizer,
-    rule: Rule,
+    entry: LoopRule,
     period: int,
     hits: int,
     index: int,
     now_s: float | None,
-    prior: _Failure | None,
-    windowed: bool = False,
+    prior: Failure | None,
 ) -> Assessment:
     window = policy.window
 
     def verdict(v: Verdict, reason: str) -> Assessment:
         return Assessment(
             verdict=v,
-            rule=rule,
+            rule=entry.rule,
             tool=call.tool,
             digest=sig.digest,
             hits=hits,
@@ -598,9 +703,10 @@ def _decide(
             arguments_seen=not sig.name_only,
             policy_version=policy.version,
             normalizer_version=normalizer.version,
+            limit=entry.limit,
         )
 
-    what = _describe(rule, call.tool, hits, period, window, windowed)
+    what = entry.describe(tool=call.tool, hits=hits, window=window, period=period)
 
     # 1. a valid dependency lease
     lease = call.lease or state.lease
@@ -615,21 +721,21 @@ def _decide(
     # 2. a retry policy: the previous identical call failed with an error it covers, this is
     # attempt <= max_attempts, and the gap since that failure follows the schedule.
     retry = policy.retry_for(call.tool)
-    if retry is not None and prior is not None and retry.covers(prior[0], prior[1]):
-        attempt = call.attempt or prior[3] + 1
+    if retry is not None and prior is not None and retry.covers(prior.error_type, prior.retryable):
+        attempt = call.attempt or prior.attempts + 1
         if attempt <= retry.max_attempts:
             gap_ok = True
-            if call.start_s is not None and prior[2] is not None:
-                gap_ok = call.start_s - prior[2] >= retry.min_gap_s(attempt)
+            if call.start_s is not None and prior.end_s is not None:
+                gap_ok = call.start_s - prior.end_s >= retry.min_gap_s(attempt)
             if gap_ok:
                 return verdict(
                     Verdict.RETRYING,
                     f"{what}; attempt {attempt} of {retry.max_attempts} after "
-                    f"{prior[0] or 'a retryable error'}, inside the retry policy",
+                    f"{prior.error_type or 'a retryable error'}, inside the retry policy",
                 )
 
     # 3. evidence
-    slots = _repeated_slots(state, key, rule, period, hits, window, windowed)
+    slots = _repeated_slots(state, key, entry, period, hits, window)
     progress = state.progress
     if progress is not None:
         fingerprints = [progress[s] for s in slots if progress[s] is not None]
@@ -642,8 +748,8 @@ def _decide(
     if (
         results is not None
         and result_evidence
-        and rule not in _RESULTS_ARE_NOT_EVIDENCE
-        and _results_changed(results, slots, rule, period)
+        and entry.results_are_evidence
+        and _results_changed(results, slots, entry.rule, period)
     ):
         return verdict(Verdict.WORKING, f"{what}, but the results differ (new evidence)")
     if policy.require_evidence:
@@ -679,42 +785,6 @@ def _results_changed(results: Sequence[int], slots: list[int], rule: Rule, perio
     return len(distinct) > 1
 
 
-def _describe(rule: Rule, tool: str, hits: int, period: int, window: int, windowed: bool = False) -> str:
-    if rule is Rule.FAILURES:
-        return f"{hits} of the last {window} calls, up to {tool}, failed"
-    if rule is Rule.REVISIT and windowed:
-        return (
-            f"{hits} of the last {window} calls, ending with {tool}, each repeated an earlier call "
-            "and got the same result"
-        )
-    if rule is Rule.PERIOD:
-        return f"a cycle of {period} calls ending with {tool} repeated {hits}×"
-    if rule is Rule.SAME_RESULT:
-        return f"{hits} consecutive {tool} calls got the same result, whatever their arguments"
-    if rule is Rule.REVISIT:
-        return (
-            f"{hits} consecutive calls, ending with {tool}, each repeated an earlier call and got "
-            "the same result"
-        )
-    if rule is Rule.SAME_ERROR:
-        return f"{hits} consecutive calls ending with {tool} failed with the same error"
-    return f"{tool} repeated {hits}× with identical arguments in the last {window} calls"
-
-
-# --- the compiled accelerator -------------------------------------------------------------------
-
-PyRunState = RunState
-"""The reference implementation of the per-run state (always importable)."""
-py_evaluate = evaluate
-"""The reference implementation of :func:`evaluate` (always importable)."""
-
-
-_speedups = speedups()
-if _speedups is not None:
-    _speedups.bind(_failure_step, _judge, _quiet, _TOOL_ARGS, _WORKING)
-COMPILED: Final = _speedups is not None
-"""True when the compiled accelerator runs :func:`evaluate` (same verdicts, several times faster
-per call); False means the pure-Python reference above runs."""
-if not TYPE_CHECKING and _speedups is not None:
-    RunState = _speedups.RunState
-    evaluate = _speedups.evaluate
+COMPILED: Final = speedups() is not None
+"""True when the compiled leaf helpers of :mod:`tripwire.core.signature` are in use (the
+watcher itself is always this Python module)."""

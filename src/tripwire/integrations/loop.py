@@ -19,15 +19,20 @@ function runs; in nudge mode the nudge goes back to the model as that call's res
 graceful last step the model is called without tools and told to wrap up; its answer is the
 run's output.
 
+``arun_openai`` and ``arun_anthropic`` do the same on the async clients (``AsyncOpenAI``,
+``AsyncAnthropic``), and there a tool function may be a coroutine function. Both drive one loop
+(:func:`_steps`, a generator free of I/O), so they behave the same.
+
 The client is used as given: nothing here opens a connection, and the calls are made on the
-caller's thread. The clients need not be the ``openai``/``anthropic`` packages' own; anything
+caller's thread (or task). The clients need not be the ``openai``/``anthropic`` packages' own; anything
 with the same method and response shape works.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,7 +49,7 @@ from tripwire.integrations._common import (
     new_run,
 )
 
-__all__ = ["LoopResult", "run_anthropic", "run_openai"]
+__all__ = ["LoopResult", "arun_anthropic", "arun_openai", "run_anthropic", "run_openai"]
 
 DEFAULT_MAX_TURNS = 100
 """A backstop for a loop with no step limit: the most model calls one run makes."""
@@ -76,25 +81,150 @@ def _field(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default)
 
 
-def _run_tool(run: RunControl, functions: Mapping[str, Callable[..., Any]], call: _Call) -> str:
-    """Check, run and record one tool call; returns the text for the model."""
-    refusal = run.before_tool(call.name, call.arguments)
-    if refusal is not None:
-        return refusal
-    fn = functions.get(call.name)
-    try:
-        if fn is None:
-            raise LookupError(f"no function for tool {call.name!r}")
-        if not isinstance(call.arguments, dict):
-            raise TypeError("the arguments are not a JSON object")
-        result = fn(**call.arguments)
-    except RunStopped:
-        raise
-    except Exception as exc:
-        run.after_tool(call.name, call.arguments, error=exc)
-        return f"Error: {type(exc).__name__}: {exc}"
-    run.after_tool(call.name, call.arguments, result)
+def _result_text(result: Any) -> str:
     return result if isinstance(result, str) else json.dumps(result, default=str)
+
+
+class _Shape:
+    """How one client family builds requests and reads responses."""
+
+    provider: str
+
+    def with_instruction(self, history: list[Any], text: str) -> list[Any]:
+        raise NotImplementedError
+
+    def parse(self, response: Any) -> tuple[str, list[_Call], Any, Any]:
+        """(text, tool calls, the assistant message for the history, usage)."""
+        raise NotImplementedError
+
+    def usage(self, usage: Any) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def add_results(self, history: list[Any], results: list[tuple[_Call, str]]) -> list[Any]:
+        raise NotImplementedError
+
+
+_Request = tuple[str, Any]
+"""What the loop asks its driver for: ``("model", kwargs)`` or ``("tool", call)``."""
+
+
+def _steps(
+    run: RunControl,
+    shape: _Shape,
+    model: str,
+    history: list[Any],
+    tools: Sequence[Any],
+    create: dict[str, Any],
+) -> Generator[_Request, Any, LoopResult | StoppedRun]:
+    """The loop itself, free of I/O: it yields what to do and is sent what came back.
+
+    One loop for the sync and the async drivers: a model request is answered with the
+    client's response; a tool call with ``(result, error)``.
+    """
+    try:
+        while True:
+            run.before_model()
+            wrap = run.wrap_up()
+            kwargs = dict(create)
+            if wrap is None and tools:
+                kwargs["tools"] = list(tools)
+            sent = shape.with_instruction(history, wrap) if wrap else history
+            response = yield ("model", {"model": model, "messages": sent, **kwargs})
+            text, calls, assistant, usage = shape.parse(response)
+            if not calls:
+                run.note_answer(text)
+            tokens_in, tokens_out = shape.usage(usage)
+            run.after_model(
+                model=_field(response, "model") or model,
+                input_tokens=tokens_in,
+                output_tokens=tokens_out,
+                provider=shape.provider,
+            )
+            history = [*sent, assistant]
+            if not calls:
+                receipt = run.finish(text)
+                return LoopResult(output=text, messages=tuple(history), receipt=receipt)
+            results: list[tuple[_Call, str]] = []
+            for call in calls:
+                refusal = run.before_tool(call.name, call.arguments)
+                if refusal is not None:  # not run: the model gets this text as the result
+                    results.append((call, refusal))
+                    continue
+                result, error = yield ("tool", call)
+                if error is not None:
+                    run.after_tool(call.name, call.arguments, error=error)
+                    results.append((call, f"Error: {type(error).__name__}: {error}"))
+                else:
+                    run.after_tool(call.name, call.arguments, result)
+                    results.append((call, _result_text(result)))
+            history = shape.add_results(history, results)
+    except RunStopped as exc:
+        return run.stop_result(exc)
+
+
+def _tool_fn(functions: Mapping[str, Callable[..., Any]], call: _Call) -> Callable[[], Any]:
+    fn = functions.get(call.name)
+    if fn is None:
+        raise LookupError(f"no function for tool {call.name!r}")
+    if not isinstance(call.arguments, dict):
+        raise TypeError("the arguments are not a JSON object")
+    arguments = call.arguments
+    return lambda: fn(**arguments)
+
+
+def _drive(
+    steps: Generator[_Request, Any, LoopResult | StoppedRun],
+    create: Callable[..., Any],
+    functions: Mapping[str, Callable[..., Any]],
+) -> LoopResult | StoppedRun:
+    try:
+        kind, payload = next(steps)
+        while True:
+            if kind == "model":
+                answer: Any = create(**payload)
+            else:
+                try:
+                    answer = (_tool_fn(functions, payload)(), None)
+                except RunStopped as exc:
+                    kind, payload = steps.throw(exc)
+                    continue
+                except Exception as exc:
+                    answer = (None, exc)
+            kind, payload = steps.send(answer)
+    except StopIteration as done:
+        result: LoopResult | StoppedRun = done.value
+        return result
+    finally:
+        steps.close()
+
+
+async def _adrive(
+    steps: Generator[_Request, Any, LoopResult | StoppedRun],
+    create: Callable[..., Any],
+    functions: Mapping[str, Callable[..., Any]],
+) -> LoopResult | StoppedRun:
+    try:
+        kind, payload = next(steps)
+        while True:
+            if kind == "model":
+                answer: Any = await create(**payload)
+            else:
+                try:
+                    value = _tool_fn(functions, payload)()
+                    if inspect.isawaitable(value):
+                        value = await value
+                    answer = (value, None)
+                except RunStopped as exc:
+                    kind, payload = steps.throw(exc)
+                    continue
+                except Exception as exc:
+                    answer = (None, exc)
+            kind, payload = steps.send(answer)
+    except StopIteration as done:
+        result: LoopResult | StoppedRun = done.value
+        return result
+    finally:
+        steps.close()
 
 
 def _start(
@@ -141,11 +271,110 @@ def _openai_calls(message: Any) -> list[_Call]:
     return calls
 
 
-def _openai_assistant(message: Any) -> dict[str, Any]:
-    if hasattr(message, "model_dump"):
-        dumped: dict[str, Any] = message.model_dump(exclude_none=True)
-        return dumped
-    return dict(message)
+class _OpenAI(_Shape):
+    provider = "openai"
+
+    def with_instruction(self, history: list[Any], text: str) -> list[Any]:
+        return [*history, {"role": "user", "content": text}]
+
+    def parse(self, response: Any) -> tuple[str, list[_Call], Any, Any]:
+        message = _field(_field(response, "choices")[0], "message")
+        if hasattr(message, "model_dump"):
+            assistant = message.model_dump(exclude_none=True)
+        else:
+            assistant = dict(message)
+        text = _field(message, "content") or ""
+        return str(text), _openai_calls(message), assistant, _field(response, "usage")
+
+    def usage(self, usage: Any) -> tuple[Any, Any]:
+        return _field(usage, "prompt_tokens", 0), _field(usage, "completion_tokens", 0)
+
+    def add_results(self, history: list[Any], results: list[tuple[_Call, str]]) -> list[Any]:
+        return [
+            *history,
+            *({"role": "tool", "tool_call_id": c.id, "content": text} for c, text in results),
+        ]
+
+
+# -- Anthropic messages ------------------------------------------------------------------------
+
+
+class _Anthropic(_Shape):
+    provider = "anthropic"
+
+    def with_instruction(self, history: list[Any], text: str) -> list[Any]:
+        """``history`` with ``text`` added to the last user turn (Anthropic turns alternate)."""
+        if history and _field(history[-1], "role") == "user":
+            last = dict(history[-1])
+            content = last.get("content")
+            blocks = (
+                [{"type": "text", "text": content}]
+                if isinstance(content, str)
+                else list(content or [])
+            )
+            last["content"] = [*blocks, {"type": "text", "text": text}]
+            return [*history[:-1], last]
+        return [*history, {"role": "user", "content": text}]
+
+    def parse(self, response: Any) -> tuple[str, list[_Call], Any, Any]:
+        texts: list[str] = []
+        calls: list[_Call] = []
+        blocks: list[Any] = []
+        for block in _field(response, "content") or []:
+            kind = _field(block, "type")
+            if kind == "text":
+                texts.append(str(_field(block, "text") or ""))
+            elif kind == "tool_use":
+                calls.append(
+                    _Call(
+                        str(_field(block, "id") or ""),
+                        str(_field(block, "name") or ""),
+                        _field(block, "input") or {},
+                    )
+                )
+            blocks.append(
+                block.model_dump(exclude_none=True) if hasattr(block, "model_dump") else block
+            )
+        assistant = {"role": "assistant", "content": blocks}
+        return "".join(texts), calls, assistant, _field(response, "usage")
+
+    def usage(self, usage: Any) -> tuple[Any, Any]:
+        return _field(usage, "input_tokens", 0), _field(usage, "output_tokens", 0)
+
+    def add_results(self, history: list[Any], results: list[tuple[_Call, str]]) -> list[Any]:
+        blocks = [{"type": "tool_result", "tool_use_id": c.id, "content": t} for c, t in results]
+        return [*history, {"role": "user", "content": blocks}]
+
+
+# -- the entry points --------------------------------------------------------------------------
+
+
+def _prepare(
+    shape: _Shape, model: str, messages: Sequence[Any], tools: Sequence[Any],
+    functions: Mapping[str, Callable[..., Any]], options: dict[str, Any], create: dict[str, Any],
+) -> Generator[_Request, Any, LoopResult | StoppedRun]:  # fmt: skip
+    guard_options = options.pop("guard_options", None)
+    run = _start(functions, guard_options=dict(guard_options or {}), **options)
+    return _steps(run, shape, model, list(messages), tools, create)
+
+
+_DOC = """
+
+    Args:
+        client: the client (or anything with the same method and response shape).
+        model, messages, tools: as for the client's ``create``; ``messages`` is copied.
+        functions: tool name → the function that runs it (called with the arguments as
+            keywords; in the ``a``-prefixed variants it may be a coroutine function).
+        limits, loop_policy, on_loop, agent, on_receipt, partial_answer: as for
+            :func:`~tripwire.integrations.new_run`.
+        max_turns: the step limit when ``limits`` has none (a backstop, not a loop detector).
+        guard_options: further :class:`~tripwire.guard.Guard` options.
+        **create: further arguments for every ``create`` call (``temperature``…).
+
+    Returns:
+        A :class:`LoopResult` when the model answered, a
+        :class:`~tripwire.integrations.StoppedRun` when tripwire ended the run.
+"""
 
 
 def run_openai(
@@ -165,93 +394,35 @@ def run_openai(
     guard_options: Mapping[str, Any] | None = None,
     **create: Any,
 ) -> LoopResult | StoppedRun:
-    """Run the tool loop on an OpenAI-shaped client (``client.chat.completions.create``).
-
-    Args:
-        client: ``openai.OpenAI()`` or anything with the same method and response shape.
-        model, messages, tools: as for ``chat.completions.create``; ``messages`` is copied.
-        functions: tool name → the function that runs it.
-        limits, loop_policy, on_loop, agent, on_receipt, partial_answer: as for
-            :func:`~tripwire.integrations.new_run`.
-        max_turns: the step limit when ``limits`` has none (a backstop, not a loop detector).
-        guard_options: further :class:`~tripwire.guard.Guard` options.
-        **create: further arguments for every ``create`` call (``temperature``…).
-
-    Returns:
-        A :class:`LoopResult` when the model answered, a
-        :class:`~tripwire.integrations.StoppedRun` when tripwire ended the run.
-    """
-    run = _start(functions, limits, loop_policy, on_loop, agent, on_receipt, partial_answer,
-                 max_turns, dict(guard_options or {}))  # fmt: skip
-    history: list[Any] = list(messages)
-    try:
-        while True:
-            run.before_model()
-            wrap = run.wrap_up()
-            kwargs = dict(create)
-            if wrap is None and tools:
-                kwargs["tools"] = list(tools)
-            sent = [*history, {"role": "user", "content": wrap}] if wrap else history
-            response = client.chat.completions.create(model=model, messages=sent, **kwargs)
-            usage = _field(response, "usage")
-            message = _field(_field(response, "choices")[0], "message")
-            calls = _openai_calls(message)
-            text = _field(message, "content") or ""
-            if not calls:
-                run.note_answer(text)
-            run.after_model(
-                model=_field(response, "model") or model,
-                input_tokens=_field(usage, "prompt_tokens", 0),
-                output_tokens=_field(usage, "completion_tokens", 0),
-                provider="openai",
-            )
-            history = [*sent, _openai_assistant(message)]
-            if not calls:
-                receipt = run.finish(text)
-                return LoopResult(output=text, messages=tuple(history), receipt=receipt)
-            for call in calls:
-                content = _run_tool(run, functions, call)
-                history.append({"role": "tool", "tool_call_id": call.id, "content": content})
-    except RunStopped as exc:
-        return run.stop_result(exc)
+    options = dict(limits=limits, loop_policy=loop_policy, on_loop=on_loop, agent=agent,
+                   on_receipt=on_receipt, partial_answer=partial_answer, max_turns=max_turns,
+                   guard_options=guard_options)  # fmt: skip
+    steps = _prepare(_OpenAI(), model, messages, tools, functions, options, create)
+    return _drive(steps, client.chat.completions.create, functions)
 
 
-# -- Anthropic messages ------------------------------------------------------------------------
-
-
-def _anthropic_blocks(response: Any) -> tuple[str, list[_Call], list[Any]]:
-    texts: list[str] = []
-    calls: list[_Call] = []
-    blocks: list[Any] = []
-    for block in _field(response, "content") or []:
-        kind = _field(block, "type")
-        if kind == "text":
-            texts.append(str(_field(block, "text") or ""))
-        elif kind == "tool_use":
-            calls.append(
-                _Call(
-                    str(_field(block, "id") or ""),
-                    str(_field(block, "name") or ""),
-                    _field(block, "input") or {},
-                )
-            )
-        blocks.append(
-            block.model_dump(exclude_none=True) if hasattr(block, "model_dump") else block
-        )
-    return "".join(texts), calls, blocks
-
-
-def _with_user_text(history: list[Any], text: str) -> list[Any]:
-    """``history`` with ``text`` added to the last user turn (Anthropic turns alternate)."""
-    if history and _field(history[-1], "role") == "user":
-        last = dict(history[-1])
-        content = last.get("content")
-        blocks = (
-            [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
-        )
-        last["content"] = [*blocks, {"type": "text", "text": text}]
-        return [*history[:-1], last]
-    return [*history, {"role": "user", "content": text}]
+async def arun_openai(
+    client: Any,
+    *,
+    model: str,
+    messages: Sequence[Any],
+    tools: Sequence[Any] = (),
+    functions: Mapping[str, Callable[..., Any]],
+    limits: Limits = NO_LIMITS,
+    loop_policy: LoopPolicy | None = DEFAULT_POLICY,
+    on_loop: OnLoop | str = OnLoop.STOP,
+    agent: str = "agent",
+    on_receipt: ReceiptSink | None = None,
+    partial_answer: PartialAnswer | None = None,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    guard_options: Mapping[str, Any] | None = None,
+    **create: Any,
+) -> LoopResult | StoppedRun:
+    options = dict(limits=limits, loop_policy=loop_policy, on_loop=on_loop, agent=agent,
+                   on_receipt=on_receipt, partial_answer=partial_answer, max_turns=max_turns,
+                   guard_options=guard_options)  # fmt: skip
+    steps = _prepare(_OpenAI(), model, messages, tools, functions, options, create)
+    return await _adrive(steps, client.chat.completions.create, functions)
 
 
 def run_anthropic(
@@ -272,42 +443,50 @@ def run_anthropic(
     guard_options: Mapping[str, Any] | None = None,
     **create: Any,
 ) -> LoopResult | StoppedRun:
-    """Run the tool loop on an Anthropic-shaped client (``client.messages.create``).
+    options = dict(limits=limits, loop_policy=loop_policy, on_loop=on_loop, agent=agent,
+                   on_receipt=on_receipt, partial_answer=partial_answer, max_turns=max_turns,
+                   guard_options=guard_options)  # fmt: skip
+    steps = _prepare(_Anthropic(), model, messages, tools, functions, options,
+                     {"max_tokens": max_tokens, **create})  # fmt: skip
+    return _drive(steps, client.messages.create, functions)
 
-    Arguments and result as for :func:`run_openai`; ``max_tokens`` is passed to every call.
-    """
-    run = _start(functions, limits, loop_policy, on_loop, agent, on_receipt, partial_answer,
-                 max_turns, dict(guard_options or {}))  # fmt: skip
-    history: list[Any] = list(messages)
-    try:
-        while True:
-            run.before_model()
-            wrap = run.wrap_up()
-            kwargs = dict(create)
-            if wrap is None and tools:
-                kwargs["tools"] = list(tools)
-            sent = _with_user_text(history, wrap) if wrap else history
-            response = client.messages.create(
-                model=model, max_tokens=max_tokens, messages=sent, **kwargs
-            )
-            usage = _field(response, "usage")
-            text, calls, blocks = _anthropic_blocks(response)
-            if not calls:
-                run.note_answer(text)
-            run.after_model(
-                model=_field(response, "model") or model,
-                input_tokens=_field(usage, "input_tokens", 0),
-                output_tokens=_field(usage, "output_tokens", 0),
-                provider="anthropic",
-            )
-            history = [*sent, {"role": "assistant", "content": blocks}]
-            if not calls:
-                receipt = run.finish(text)
-                return LoopResult(output=text, messages=tuple(history), receipt=receipt)
-            results = []
-            for call in calls:
-                content = _run_tool(run, functions, call)
-                results.append({"type": "tool_result", "tool_use_id": call.id, "content": content})
-            history.append({"role": "user", "content": results})
-    except RunStopped as exc:
-        return run.stop_result(exc)
+
+async def arun_anthropic(
+    client: Any,
+    *,
+    model: str,
+    messages: Sequence[Any],
+    max_tokens: int = 1024,
+    tools: Sequence[Any] = (),
+    functions: Mapping[str, Callable[..., Any]],
+    limits: Limits = NO_LIMITS,
+    loop_policy: LoopPolicy | None = DEFAULT_POLICY,
+    on_loop: OnLoop | str = OnLoop.STOP,
+    agent: str = "agent",
+    on_receipt: ReceiptSink | None = None,
+    partial_answer: PartialAnswer | None = None,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    guard_options: Mapping[str, Any] | None = None,
+    **create: Any,
+) -> LoopResult | StoppedRun:
+    options = dict(limits=limits, loop_policy=loop_policy, on_loop=on_loop, agent=agent,
+                   on_receipt=on_receipt, partial_answer=partial_answer, max_turns=max_turns,
+                   guard_options=guard_options)  # fmt: skip
+    steps = _prepare(_Anthropic(), model, messages, tools, functions, options,
+                     {"max_tokens": max_tokens, **create})  # fmt: skip
+    return await _adrive(steps, client.messages.create, functions)
+
+
+run_openai.__doc__ = (
+    "Run the tool loop on an OpenAI-shaped client (``client.chat.completions.create``)." + _DOC
+)
+arun_openai.__doc__ = (
+    "The tool loop on an async OpenAI-shaped client (``openai.AsyncOpenAI()``)." + _DOC
+)
+run_anthropic.__doc__ = (
+    "Run the tool loop on an Anthropic-shaped client (``client.messages.create``); "
+    "``max_tokens`` goes to every call." + _DOC
+)
+arun_anthropic.__doc__ = (
+    "The tool loop on an async Anthropic-shaped client (``anthropic.AsyncAnthropic()``)." + _DOC
+)

@@ -1,0 +1,134 @@
+"""The rule table: one sentence per rule for verdicts and exceptions, limits read by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from tripwire.core.events import ToolCall
+from tripwire.core.policy import DEFAULT_POLICY, SEED_POLICY, LoopPolicy
+from tripwire.core.reasons import Rule, Verdict
+from tripwire.core.rules import NEVER, RETRY_OF_NON_RETRYABLE, RULES, TripLimits, rule_entry
+from tripwire.core.signature import DEFAULT_NORMALIZER
+from tripwire.core.watch import Assessment, RunState, evaluate
+
+
+def run(policy: LoopPolicy, calls: list[ToolCall]) -> Assessment:
+    state = RunState.new(policy)
+    for call in calls:
+        evaluate(state, call, policy, DEFAULT_NORMALIZER)
+    assert state.current is not None
+    return state.current
+
+
+def test_every_rule_of_the_enum_has_an_entry() -> None:
+    assert {e.rule for e in RULES} | {RETRY_OF_NON_RETRYABLE.rule} == set(Rule)
+
+
+def test_limits_are_read_from_the_policy_by_name() -> None:
+    policy = LoopPolicy(
+        window=20, threshold=5, min_repeats=4, same_error=3, same_result=9, revisit=7,
+        revisit_share=0.5, failure_share=0.25,
+    )
+    assert policy.trip_limits == TripLimits(
+        threshold=5, min_repeats=4, same_error=3, same_result=9, revisit=7,
+        revisit_share=10, failure_share=5,  # 0.5 and 0.25 of a window of 20
+    )
+    # Rules that are off never trip.
+    assert SEED_POLICY.trip_limits == TripLimits(
+        threshold=4, min_repeats=NEVER, same_error=NEVER, same_result=NEVER, revisit=NEVER,
+        revisit_share=NEVER, failure_share=NEVER,
+    )
+    for entry in RULES:
+        assert hasattr(DEFAULT_POLICY, entry.limit), entry
+
+
+def repeated(n: int, **fields: object) -> list[ToolCall]:
+    return [ToolCall(tool="search_docs", arguments={"q": "refund"}, **fields) for _ in range(n)]  # type: ignore[arg-type]
+
+
+# One run per table entry that trips exactly that entry, under a policy where it decides.
+TRIPPING = {
+    "threshold": (LoopPolicy(), repeated(4)),
+    "min_repeats": (
+        LoopPolicy(),
+        [ToolCall(tool=t, arguments={"n": t}) for t in "ABABAB"],
+    ),
+    "same_error": (
+        LoopPolicy(failure_share=None),
+        [ToolCall(tool=f"t{i}", arguments={"i": i}, error_type="boom") for i in range(5)],
+    ),
+    "same_result": (
+        LoopPolicy(revisit=None, revisit_share=None),
+        [ToolCall(tool="grep", arguments={"i": i}, result_digest="r") for i in range(8)],
+    ),
+    "revisit": (
+        LoopPolicy(window=20, threshold=20, max_period=None, same_result=None, revisit_share=None),
+        [ToolCall(tool=f"t{i % 6}", arguments={"i": i % 6}, result_digest=f"r{i % 6}") for i in range(12)],
+    ),
+    "revisit_share": (
+        LoopPolicy(threshold=10, max_period=None, same_result=None, revisit=None),
+        [ToolCall(tool=f"t{i % 9}", arguments={"i": i % 9}, result_digest=f"r{i % 9}") for i in range(18)],
+    ),
+    "failure_share": (
+        LoopPolicy(same_error=None),
+        [ToolCall(tool=f"t{i}", arguments={"i": i}, error_type=f"e{i}") for i in range(8)],
+    ),
+}
+
+
+def test_every_entry_has_a_tripping_run() -> None:
+    assert set(TRIPPING) == {e.limit for e in RULES}
+
+
+@pytest.mark.parametrize("limit", sorted(TRIPPING))
+def test_the_verdict_and_the_exception_share_the_sentence(limit: str) -> None:
+    policy, calls = TRIPPING[limit]
+    current = run(policy, calls)
+    entry = rule_entry(current.rule or Rule.REPETITION, limit)
+    assert (current.verdict, current.limit, entry.limit) == (Verdict.STUCK, limit, limit)
+    sentence = entry.describe(
+        tool=current.tool or "", hits=current.hits, window=current.window, period=current.period or 1
+    )
+    assert current.reason == f"{sentence} with no new evidence"
+    message = str(current.exception())
+    assert message.endswith(f"(tripped at call {current.call_index}); {entry.hint}")
+    # The message is the sentence with the signature prefix where the sentence has a slot.
+    with_sig = entry.describe(
+        tool=current.tool or "", hits=current.hits, window=current.window,
+        period=current.period or 1, sig=f" (sig {(current.digest or '')[:8]}…)",
+    )
+    assert message.startswith(with_sig)
+    assert "refund" not in message
+
+
+def test_retry_of_non_retryable_reason_and_message_share_the_sentence() -> None:
+    policy = LoopPolicy()
+    first = ToolCall(tool="charge", arguments={"card": 1}, error_type="card_declined", retryable=False)
+    again = ToolCall(tool="charge", arguments={"card": 1})
+    current = run(policy, [first, again])
+    assert current.rule is Rule.RETRY_OF_NON_RETRYABLE
+    assert current.reason == (
+        "charge was called again with identical arguments after it failed with an error "
+        "(card_declined) marked non-retryable"
+    )
+    assert str(current.exception()) == (
+        f"charge was called again with identical arguments (sig {current.digest[:8]}…) after it "  # type: ignore[index]
+        "failed with an error marked non-retryable (tripped at call 2); change the arguments or "
+        "report the failure instead of retrying"
+    )
+
+
+def test_the_two_revisit_entries_keep_their_own_sentence_in_the_exception() -> None:
+    for limit, opening in (("revisit", "6 consecutive calls"), ("revisit_share", "9 of the last 10 calls")):
+        policy, calls = TRIPPING[limit]
+        current = run(policy, calls)  # the revisit_share run trips at 8 and is still tripping at 9
+        assert current.rule is Rule.REVISIT
+        assert str(current.exception()).startswith(opening), limit
+        assert f"LoopPolicy({limit}=...)" in str(current.exception())
+
+
+def test_only_the_first_entry_of_a_group_counts() -> None:
+    # A B A B A B A B: A four times in ten (repetition) and a cycle of two (period): one group,
+    # so the repetition rule alone is recorded.
+    current = run(LoopPolicy(), [ToolCall(tool=t, arguments={"n": t}) for t in "ABABABA"])
+    assert (current.rule, current.limit, current.hits) == (Rule.REPETITION, "threshold", 4)
