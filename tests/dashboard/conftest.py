@@ -40,8 +40,10 @@ def _ensure_chromium() -> None:
             _missing(f"installing chromium failed: {' '.join(cmd)}: {done.stderr[-500:]}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    # Module scope: Playwright's sync API keeps an asyncio loop running on the main thread
+    # while it is open, so a session-long browser breaks asyncio.run() in every later test.
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:

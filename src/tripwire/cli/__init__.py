@@ -17,6 +17,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,  # locals hold tool arguments
+    rich_markup_mode=None,  # help texts are literal: "pip install 'tripwire[plot]'" keeps its [plot]
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

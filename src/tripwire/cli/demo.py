@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from tripwire.cli import app
-from tripwire.cli._common import abort, out_console
+from tripwire.cli._common import abort, out_console, print_table
 from tripwire.core.reasons import Verdict
 
 _STYLE = {
@@ -69,7 +69,7 @@ def demo(
             _cell(o.tripwire_stop, tw_w, tw_c),
             f"[{_STYLE[o.verdict]}]{o.verdict.value}[/]: {o.reason}",
         )
-    out_console.print(table)
+    print_table(table)
     out_console.print(
         f"[bold]flat cap:[/] {totals['cap_wasted']} calls wasted in loops, "
         f"{totals['cap_cut']} useful calls cut off.   "
