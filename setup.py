@@ -1,8 +1,8 @@
-"""Builds the loop watcher's optional compiled hot path, ``src/tripwire/core/_speedups.c``.
+"""Builds the optional compiled leaf helpers of the signature, ``src/tripwire/core/_speedups.c``.
 
 Everything else about the package is in pyproject.toml. Without a C compiler, or if the build
-fails, tripwire installs anyway and runs the pure-Python reference implementation in
-``tripwire/core/watch.py``: the same verdicts, a few times slower per call. Set
+fails, tripwire installs anyway and runs their pure-Python twins in
+``tripwire/core/signature.py``: the same signatures and verdicts, slower per call. Set
 ``TRIPWIRE_NO_EXTENSIONS=1`` to skip the build (and, at run time, to ignore a built one).
 """
 
@@ -12,8 +12,33 @@ from setuptools import Extension, setup
 
 SKIP = os.environ.get("TRIPWIRE_NO_EXTENSIONS", "").strip() not in ("", "0")
 
+try:  # setuptools >= 70.1 ships bdist_wheel; older ones use the wheel package's
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # pragma: no cover
+    from wheel.bdist_wheel import bdist_wheel
+
+
+class PureUnlessBuilt(bdist_wheel):
+    """Tag the wheel for a platform only if the optional extension was actually built.
+
+    Without a compiler the build of the optional extension fails quietly, and the wheel holds
+    only Python: it must then be ``py3-none-any``, not tagged for this platform.
+    """
+
+    def get_tag(self):
+        build_ext = self.get_finalized_command("build_ext")
+        built = any(
+            os.path.exists(os.path.join(build_ext.build_lib, build_ext.get_ext_filename(e.name)))
+            for e in build_ext.extensions
+        )
+        if not built:
+            self.root_is_pure = True
+        return super().get_tag()
+
+
 setup(
     ext_modules=[]
     if SKIP
-    else [Extension("tripwire.core._speedups", ["src/tripwire/core/_speedups.c"], optional=True)]
+    else [Extension("tripwire.core._speedups", ["src/tripwire/core/_speedups.c"], optional=True)],
+    cmdclass={"bdist_wheel": PureUnlessBuilt},
 )

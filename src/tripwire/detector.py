@@ -23,6 +23,7 @@ from tripwire.core.policy import DEFAULT_POLICY, KeyMode, LoopPolicy
 from tripwire.core.reasons import Verdict
 from tripwire.core.signature import ABSENT, DEFAULT_NORMALIZER, Normalizer
 from tripwire.core.watch import Assessment, RunState, evaluate
+from tripwire.errors import ConfigError
 
 __all__ = ["LoopDetector", "LoopWatcher"]
 
@@ -40,12 +41,22 @@ class LoopWatcher:
     def __init__(
         self, policy: LoopPolicy = DEFAULT_POLICY, normalizer: Normalizer = DEFAULT_NORMALIZER
     ) -> None:
+        if not isinstance(policy, LoopPolicy):
+            raise ConfigError("policy", policy, "a LoopPolicy")
+        if not isinstance(normalizer, Normalizer):
+            raise ConfigError("normalizer", normalizer, "a Normalizer")
         self.policy = policy
         self.normalizer = normalizer
         self.state = RunState.new(policy)
 
     def observe(self, call: ToolCall, *, now_s: float | None = None) -> Assessment | None:
-        """Record a finished tool call; return an assessment only if the verdict changed."""
+        """Record a finished tool call; return an assessment only if the verdict changed.
+
+        Raises:
+            ConfigError: ``call`` is not a :class:`ToolCall`, or its tool is not a string.
+        """
+        if type(call) is not ToolCall:
+            raise ConfigError("call", call, "a ToolCall")
         return evaluate(self.state, call, self.policy, self.normalizer, now_s=now_s)
 
     def call(self, tool: str, arguments: Any = ABSENT, **fields: Any) -> Assessment | None:
@@ -102,11 +113,17 @@ class LoopDetector:
         min_repeats: int = 3,
         normalizer: Normalizer = DEFAULT_NORMALIZER,
     ) -> None:
+        try:
+            key = KeyMode(key)
+        except ValueError:
+            raise ConfigError("key", key, "'tool+args' or 'tool'") from None
+        if not isinstance(normalizer, Normalizer):
+            raise ConfigError("normalizer", normalizer, "a Normalizer")
         self._policy = LoopPolicy(
             name="detector",
             window=window,
             threshold=threshold,
-            key=KeyMode(key) if isinstance(key, str) else key,
+            key=key,
             max_period=max_period,
             min_repeats=min_repeats,
             # The two rules only: observe() takes no errors and no results, and the calibrated

@@ -192,3 +192,36 @@ def test_plot_without_matplotlib(corpus: Path, tmp_path: Path, monkeypatch: pyte
     )
     assert result.exit_code == 2
     assert "pip install 'tripwire[plot]'" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["out.txt", "noext"])
+def test_a_plot_name_that_cannot_be_written_is_refused_before_the_grid(
+    corpus: Path, tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tripwire.replay.calibrate as grid
+
+    def must_not_run(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the grid ran before --plot was checked")
+
+    monkeypatch.setattr(grid, "calibrate", must_not_run)
+    out = tmp_path / name
+    result = runner.invoke(
+        app, ["calibrate", str(corpus), "--labels", str(corpus / "labels.jsonl"), "--plot", str(out), *GRID]
+    )
+    assert result.exit_code == 2, result.output
+    assert ".png" in result.stderr and "written" not in result.stderr
+    assert not out.exists() and not (tmp_path / f"{name}.png").exists()
+
+
+def test_help_shows_the_plot_extra_with_its_brackets() -> None:
+    result = runner.invoke(app, ["calibrate", "--help"])
+    assert result.exit_code == 0
+    assert "pip install 'tripwire[plot]'" in " ".join(result.stdout.split())
+
+
+def test_no_trace_in_the_input_has_its_own_exit_code(corpus: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = runner.invoke(app, ["calibrate", str(empty), "--labels", str(corpus / "labels.jsonl")])
+    assert result.exit_code == 3, result.output
+    assert "no traces in the input" in result.stderr

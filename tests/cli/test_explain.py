@@ -171,3 +171,29 @@ def test_help() -> None:
     assert result.exit_code == 0
     assert "RECEIPT.json" in result.stdout
     assert "--json" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"[" * 5000 + b"]" * 5000,                                       # deep JSON
+        b'{"run_id": "r", "counters": {"steps": ' + b"9" * 5000 + b"}}",  # a 5,000-digit integer
+        b"9" * 5000,
+    ],
+)
+def test_hostile_receipts_exit_2_without_a_traceback(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "receipt.json"
+    path.write_bytes(data)
+    result = runner.invoke(app, ["explain", str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert str(path) in flat(result.stderr)
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    import os
+
+    path = tmp_path / "receipt.json"
+    os.mkfifo(path)
+    result = runner.invoke(app, ["explain", str(path)])
+    assert result.exit_code == 2 and "not a regular file" in flat(result.stderr)

@@ -232,5 +232,117 @@ def test_stdin(traces: Path) -> None:
 def test_help_names_env_vars_and_default_of_empty_traces() -> None:
     result = runner.invoke(app, ["replay", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    assert "TRIPWIRE_WINDOW" in result.stdout
-    assert "By default they are reported" in result.stdout
+    text = " ".join(result.stdout.split())  # help is wrapped to the terminal
+    assert "TRIPWIRE_WINDOW" in text
+    assert "By default they are reported" in text
+
+
+# -- configuration: one loader for options, variables and files -----------------------------
+
+
+def test_a_huge_window_variable_is_refused_at_start_and_named(traces: Path) -> None:
+    result = runner.invoke(app, ["replay", str(traces)], env={"TRIPWIRE_WINDOW": "1" + "0" * 22})
+    assert result.exit_code == 2, result.output
+    assert "TRIPWIRE_WINDOW" in result.stderr and "Traceback" not in result.output
+
+
+def test_option_wins_over_variable_over_config_file(traces: Path, tmp_path: Path) -> None:
+    config = tmp_path / "tripwire.toml"
+    config.write_text("version = 1\n[policy]\nthreshold = 6\nwindow = 10\nmax_period = 'off'\n")
+    by_file = runner.invoke(app, ["replay", str(traces / "loop.json"), "--json", "--config", str(config)])
+    assert by_file.exit_code == 0, by_file.output
+    assert _lines(by_file.stdout)[0]["first_trip"]["call_index"] == 6
+    by_env = runner.invoke(
+        app, ["replay", str(traces / "loop.json"), "--json"],
+        env={"TRIPWIRE_CONFIG": str(config), "TRIPWIRE_THRESHOLD": "5"},
+    )
+    assert _lines(by_env.stdout)[0]["first_trip"]["call_index"] == 5
+    by_option = runner.invoke(
+        app, ["replay", str(traces / "loop.json"), "--json", "--threshold", "4"],
+        env={"TRIPWIRE_CONFIG": str(config), "TRIPWIRE_THRESHOLD": "5"},
+    )
+    assert _lines(by_option.stdout)[0]["first_trip"]["call_index"] == 4
+
+
+def test_a_policy_file_that_is_not_utf8_exits_2_without_a_traceback(traces: Path, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_bytes(b"version = 1\n# \xe9\xe9\n")
+    result = runner.invoke(app, ["replay", str(traces), "--policy", str(policy)])
+    assert result.exit_code == 2, result.output
+    assert "not UTF-8" in result.stderr and "Traceback" not in result.output
+
+
+# -- hostile input and what a new user trips on (issue 16) ------------------------------------
+
+
+def test_an_empty_directory_is_not_a_green_gate(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = runner.invoke(app, ["replay", str(empty), "--fail-on", "stuck"])
+    assert result.exit_code == 3, result.output
+    assert "no traces in the input" in result.stderr
+
+
+def test_bad_files_exit_2_and_every_valid_result_is_kept(traces: Path) -> None:
+    deep = '{"arrayValue": {"values": [' * 400 + '{"intValue": "1"}' + "]}}" * 400
+    span = _tool(9, 900, "lookup", "{}", 1)
+    span["startTimeUnixNano"] = "9" * 401
+    text = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+    (traces / "bigtime.json").write_text(text)
+    (traces / "deep.json").write_text(text.replace('"attributes": [', '"attributes": [{"key": "d", "value": ' + deep + "}, ", 1))
+    (traces / "zero.json").symlink_to("/dev/zero")
+    result = runner.invoke(app, ["replay", str(traces), "--json", *PINNED])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    ids = {o["trace_id"] for o in _lines(result.stdout)}
+    assert {f"{1:032x}", f"{2:032x}", f"{3:032x}", f"{9:032x}"} <= ids
+    for name in ("bigtime.json", "deep.json", "zero.json"):
+        assert name in result.stderr
+    kept = runner.invoke(app, ["replay", str(traces), "--json", "--keep-going", "--fail-on", "stuck", *PINNED])
+    assert kept.exit_code == 1, kept.output  # the gate, distinct from bad input's 2
+
+
+def test_a_gzip_bomb_is_a_bad_file_and_the_cap_can_be_raised(traces: Path) -> None:
+    import gzip
+
+    (traces / "bomb.json.gz").write_bytes(gzip.compress(b" " * (3 << 20)))
+    result = runner.invoke(app, ["replay", str(traces), "--json", "--max-file-size", "1M", *PINNED])
+    assert result.exit_code == 2, result.output
+    assert "bomb.json.gz" in result.stderr and "--max-file-size" in result.stderr
+    assert len(_lines(result.stdout)) == 3
+    raised = runner.invoke(app, ["replay", str(traces), "--json", "--max-file-size", "8M", *PINNED])
+    assert "decompresses to more than" not in raised.stderr
+    bad = runner.invoke(app, ["replay", str(traces), "--max-file-size", "lots"])
+    assert bad.exit_code == 2 and "--max-file-size" in bad.stderr
+
+
+def test_verdicts_carry_their_source_files(traces: Path) -> None:
+    result = runner.invoke(app, ["replay", str(traces), "--json", *PINNED])
+    by_id = {o["trace_id"]: o for o in _lines(result.stdout)}
+    assert by_id[f"{1:032x}"]["sources"] == [str(traces / "loop.json")]
+    table = runner.invoke(app, ["replay", str(traces), *PINNED])
+    assert str(traces / "loop.json") in table.stdout
+
+
+def test_a_piped_table_keeps_every_column_and_stderr_is_not_wrapped(traces: Path) -> None:
+    narrow = CliRunner(env={"COLUMNS": "40", "NO_COLOR": "1"})  # a pipe: not a terminal
+    result = narrow.invoke(app, ["replay", str(traces), *PINNED])
+    assert result.exit_code == 0, result.output
+    (row,) = [x for x in result.stdout.splitlines() if "looper" in x]  # one line, not folded
+    assert "call 4 · repetition" in row and "lookup" in row and "x4" in row
+    assert str(traces / "loop.json") in row
+    missing = narrow.invoke(app, ["replay", str(traces / "nope.json"), str(traces)])
+    (line,) = [x for x in missing.stderr.splitlines() if "nope.json" in x]
+    assert line.endswith("no such file or directory")
+
+
+def test_replay_traces_of_a_missing_path_raises() -> None:
+    from tripwire.errors import InputError
+    from tripwire.replay.engine import replay_traces
+
+    with pytest.raises(InputError) as info:
+        list(replay_traces("no/such/dir/"))
+    assert info.value.source == "no/such/dir/"
+    problems: list[Any] = []
+    assert list(replay_traces("no/such/dir/", problems=problems)) == []
+    assert len(problems) == 1

@@ -1,5 +1,6 @@
-"""The compiled hot path (``tripwire/core/_speedups.c``) against the Python reference in
-``tripwire/core/watch.py``: the same verdicts and the same state, call by call.
+"""The compiled leaf helpers (``tripwire/core/_speedups.c``) against their Python twins in
+``tripwire/core/signature.py``: the same bytes, the same signatures. (The whole suite also runs
+with ``TRIPWIRE_NO_EXTENSIONS=1``, against the twins alone.)
 
 Under ``CI=true`` the accelerator must be built (the clean-clone install compiles it); locally
 these tests skip, loudly, when it was not.
@@ -15,9 +16,11 @@ import tracemalloc
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tripwire.core import signature as signature_module
+from tripwire.core import watch
 from tripwire.core.signature import DEFAULT_NORMALIZER
 
 try:
@@ -123,84 +126,113 @@ def test_signatures_are_the_same_without_the_accelerator() -> None:
     assert len(set(digests[0])) == len(samples)
 
 
-# -- the compiled signature of JSON text ---------------------------------------------------------
+# -- canonical: the compiled twin of _encode(_normalize(value)) -----------------------------------
 
-json_keys = st.sampled_from(["q", "page", "nonce", "request_id", "a_b", "é", "limit"])
-json_values = st.recursive(
+canonical_keys = st.sampled_from(["q", "page", "nonce", "request_id", "a_b", "é", "limit", "", "k" * 40])
+canonical_scalars = (
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(json_keys, children, max_size=4),
-    max_leaves=20,
+    | st.sampled_from([0, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1, 2**64 - 1, -32, -33, -128, -129, -(2**15), -(2**15) - 1, -(2**31), -(2**31) - 1, -(2**63)])
+    | st.floats()
+    | st.sampled_from([1e19, -9.3e18, 2.0**63, 2.0**64, -(2.0**63), -0.0, 1e300])
+    | st.text(max_size=40)
+    | st.sampled_from(["x" * 31, "x" * 32, "x" * 255, "x" * 256, "x" * 66_000, "\ud800", "\x00NaN"])
+    | st.binary(max_size=4)
+)
+canonical_values = st.recursive(
+    canonical_scalars,
+    lambda children: st.lists(children, max_size=18)
+    | st.tuples(children, children)
+    | st.dictionaries(canonical_keys | st.text(max_size=4) | st.integers(0, 3), children, max_size=18),
+    max_leaves=60,
 )
 
 
-@st.composite
-def json_texts(draw: st.DrawFn) -> str:
-    """JSON text as emitters write it, and text that only looks like JSON."""
+def reference_bytes(value: Any, normalizer: Any = DEFAULT_NORMALIZER) -> bytes:
+    return signature_module._encode(normalizer._normalize(value))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=canonical_values)
+def test_canonical_writes_the_reference_bytes_or_declines(value: Any) -> None:
+    got = _speedups.canonical(value, DEFAULT_NORMALIZER.volatile_keys)
+    if got is not None:
+        assert got == reference_bytes(value)
+
+
+def test_canonical_answers_the_common_arguments_and_declines_the_rest() -> None:
+    keys = DEFAULT_NORMALIZER.volatile_keys
+    answered = [
+        {"query": "refund policy", "limit": 10, "filters": {"lang": "en", "score": 0.5}},
+        {"q": "x", "request_id": "r-1", "meta": {"timestamp": 5, "deep": [{"nonce": 1}]}},
+        {"n": 1.0, "big": 2**64 - 1, "neg": -(2**63), "nan": float("nan"), "inf": float("-inf")},
+        {"rows": [{"id": i} for i in range(300)], "t": (1, "a")},
+        [1, "two", None, True, False],
+        {},
+    ]
+    for value in answered:
+        assert _speedups.canonical(value, keys) == reference_bytes(value), value
+    declined: list[Any] = [
+        {"big": 2**64},  # wider than 64 bits
+        {"f": 1e300},  # an integral float wider than 64 bits
+        {1: "non-str key"},
+        {"s": "\ud800"},  # a lone surrogate
+        {"b": b"bytes"},
+        {"set": {1, 2}},
+        {"o": object()},
+        {"k": True and type("S", (str,), {})("str subclass")},
+    ]
+    deep: Any = 1
+    for _ in range(70):
+        deep = [deep]
+    declined.append(deep)
+    cycle: dict[str, Any] = {}
+    cycle["self"] = cycle
+    declined.append(cycle)
+    for value in declined:
+        assert _speedups.canonical(value, keys) is None, value
+    with pytest.raises(TypeError, match="set or frozenset"):
+        _speedups.canonical({}, ["nonce"])
+    with pytest.raises(TypeError, match="2 arguments"):
+        _speedups.canonical({})  # type: ignore[call-arg]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=canonical_values, tool=st.sampled_from(["search_docs", "t", "é"]), as_text=st.booleans())
+def test_signatures_agree_with_the_python_twin(value: Any, tool: str, as_text: bool) -> None:
+    """The same signature with the compiled leaf and with the Python path it stands in for."""
     import json
 
-    value = draw(json_values)
-    text = json.dumps(
-        value,
-        ensure_ascii=draw(st.booleans()),
-        separators=draw(st.sampled_from([None, (",", ":")])),
-        sort_keys=draw(st.booleans()),
-    )
-    text = draw(st.sampled_from(["", " ", "\n\t"])) + text
-    mangle = draw(st.sampled_from(["none", "truncate", "escape", "float"]))
-    if mangle == "truncate" and len(text) > 2:
-        text = text[: draw(st.integers(1, len(text) - 1))]
-    elif mangle == "escape":
-        text = text.replace('"nonce"', '"\\u006eonce"')
-    elif mangle == "float":
-        text = text.replace("1", "1.0", 1)
-    return text
+    arguments = value
+    if as_text:
+        try:
+            arguments = json.dumps(value)
+        except (TypeError, ValueError):
+            return
+    compiled = DEFAULT_NORMALIZER.signature(tool, arguments)
+    saved = signature_module._canonical
+    signature_module._canonical = None  # type: ignore[misc]
+    try:
+        python = DEFAULT_NORMALIZER.signature(tool, arguments)
+    finally:
+        signature_module._canonical = saved  # type: ignore[misc]
+    assert compiled == python
 
 
-def pure_signature(tool: str, arguments: Any, normalizer: Any = DEFAULT_NORMALIZER) -> Any:
-    """Normalizer.signature without the compiled JSON path (the Python reference)."""
-    return normalizer._python_signature(tool, arguments)
+def test_the_module_uses_the_compiled_leaf_unless_told_not_to() -> None:
+    assert watch.COMPILED is True
+    assert signature_module._canonical is _speedups.canonical
+    code = "import tripwire.core.signature as s, tripwire.core.watch as w; print(s._canonical is None, w.COMPILED)"
+    env = {**os.environ, "TRIPWIRE_NO_EXTENSIONS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False"]
 
 
-@settings(max_examples=600, deadline=None)
-@given(text=json_texts(), tool=st.sampled_from(["search_docs", "t", "é"]), small=st.booleans())
-def test_json_signature_agrees_with_the_python_path(text: str, tool: str, small: bool) -> None:
-    from tripwire.core.signature import Normalizer
+def test_the_leaf_helpers_leak_neither_memory_nor_references() -> None:
+    import json
 
-    normalizer = Normalizer(max_bytes=64) if small else DEFAULT_NORMALIZER
-    got = _speedups.json_signature(tool, text, normalizer.volatile_keys, normalizer.max_bytes)
-    assert got is None or got == pure_signature(tool, text, normalizer)
-    assert normalizer.signature(tool, text) == pure_signature(tool, text, normalizer)
-
-
-def test_json_signature_answers_the_common_case_and_leaves_the_rest() -> None:
-    keys, cap = DEFAULT_NORMALIZER.volatile_keys, DEFAULT_NORMALIZER.max_bytes
-    common = ['{"query": "refund policy", "page": 2}', ' [1, {"b": 2.5, "a": null}]']
-    for text in common:
-        got = _speedups.json_signature("t", text, keys, cap)
-        assert got is not None and got == pure_signature("t", text)
-    python_only = [
-        '{"query": "x", "nonce": "abc"}',  # a volatile key: stripped in Python
-        '{"query": "é"}',  # not ASCII
-        '"a string"',  # not an object or an array
-        "42",
-        "{broken",
-        "",
-        "x" * 10,
-        "[" + "1," * cap + "1]",  # over the cap
-    ]
-    for text in python_only:
-        assert _speedups.json_signature("t", text, keys, cap) is None, text
-    assert _speedups.json_signature("t", '{"a": 1}', ["not", "a", "set"], cap) is None
-    with pytest.raises(TypeError, match="4 arguments"):
-        _speedups.json_signature("t", "{}")
-
-
-def test_the_span_helpers_leak_neither_memory_nor_references() -> None:
-    keys, cap = DEFAULT_NORMALIZER.volatile_keys, DEFAULT_NORMALIZER.max_bytes
+    keys = DEFAULT_NORMALIZER.volatile_keys
     tool = "search_docs_leak_check"
     results = ["Found 3 documents", '{"request_id": 1}', "plain", 7]
     spans = [
@@ -213,13 +245,17 @@ def test_the_span_helpers_leak_neither_memory_nor_references() -> None:
         for i in range(400)
     ]
 
+    decoded = [json.loads(attrs["gen_ai.tool.call.arguments"]) for attrs in spans]
+
     def run(n: int) -> None:
         for _ in range(n):
-            for attrs in spans:
-                _speedups.json_signature(tool, attrs["gen_ai.tool.call.arguments"], keys, cap)
+            for value in decoded:
+                _speedups.canonical(value, keys)
+                _speedups.volatile_free(value, keys, 100)
+                _speedups.canonical({"q": value, "n": 1.5, "request_id": tool}, keys)
 
     run(1)  # warm the caches (the tool's hash seed is cached: one reference to the name)
     refs_before = sys.getrefcount(tool)
     kept = bytes_kept(run)
-    assert kept < 4096, f"{kept} bytes kept after 8,000 more spans"
+    assert kept < 4096, f"{kept} bytes kept after 8,000 more calls"
     assert sys.getrefcount(tool) == refs_before

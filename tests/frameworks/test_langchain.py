@@ -30,7 +30,7 @@ def test_looping_agent(instrumentation: str) -> None:
     _needs(instrumentation)
     spans = run_langchain(True, instrumentation=instrumentation)
     mapped = map_spans(spans)
-    # OpenInference records the single string argument as bare text (EMITTERS.md).
+    # OpenInference records the single string argument as bare text (docs/emitters.md).
     check_loop(mapped, args="refund policy" if instrumentation == "openinference" else LOOP_ARGS)
     # Call ids come from the envelope (OpenLLMetry) or the ToolMessage result (OpenInference).
     assert [c.call_id for c in mapped.tools] == [f"call_{i}" for i in range(LOOP_CALLS)]

@@ -28,7 +28,7 @@ def _needs(bridge: str) -> None:
 def test_looping_agent(bridge: str) -> None:
     _needs(bridge)
     mapped = map_spans(run_openai_agents(True, bridge=bridge))
-    # OpenLLMetry's bridge records usage only from Responses-API spans (EMITTERS.md): the
+    # OpenLLMetry's bridge records usage only from Responses-API spans (docs/emitters.md): the
     # model calls are there, with zero tokens.
     check_loop(mapped, usage=bridge == "openinference")
     # No call ids on either bridge's tool spans.

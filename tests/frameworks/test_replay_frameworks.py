@@ -109,7 +109,7 @@ def _runner(name: str) -> Callable[[bool], tuple[Any, ...]]:
 
 
 def _extra(framework: str) -> int:
-    """smolagents records its ``final_answer`` as one more tool span (EMITTERS.md), at the end."""
+    """smolagents records its ``final_answer`` as one more tool span (docs/emitters.md), at the end."""
     return 1 if framework == "smolagents" else 0
 
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.frameworks
 
 
 def _without_final_answer(mapped):  # type: ignore[no-untyped-def]
-    """smolagents records ``final_answer`` as a tool span (EMITTERS.md): set it aside."""
+    """smolagents records ``final_answer`` as a tool span (docs/emitters.md): set it aside."""
     from dataclasses import replace
 
     finals = [c for c in mapped.tools if c.tool == "final_answer"]

@@ -59,6 +59,15 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket.socket, "connect_ex", refuse)
 
 
+def _batch(i: int, calls: list[tuple[str, dict[str, Any]]]) -> LlmResponse:
+    """One response asking for several tool calls at once (ADK runs them concurrently)."""
+    parts = [
+        types.Part(function_call=types.FunctionCall(name=n, args=a, id=f"call_{i}_{k}"))
+        for k, (n, a) in enumerate(calls)
+    ]
+    return LlmResponse(content=types.Content(role="model", parts=parts))
+
+
 def _response(i: int, reply: Reply) -> LlmResponse:
     usage = types.GenerateContentResponseUsageMetadata(
         prompt_token_count=INPUT_TOKENS, candidates_token_count=OUTPUT_TOKENS,
@@ -200,6 +209,18 @@ def test_a_plain_run_async_ends_with_the_stop_as_adks_final_event() -> None:
     assert stopped is not None and stopped.reason is StopReason.LOOP_DETECTED
 
 
+@needs_g1
+@needs_g5
+def test_a_stopping_parallel_batch_runs_three_bodies_and_nothing_after_the_stop() -> None:
+    h = Harness([])
+    h.model.responses = [_batch(i, [(LOOP_TOOL, dict(LOOP_ARGS))] * 3) for i in range(10)]
+    out = h.run_sync(h.plugin())
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
+    assert h.counters.loop_bodies == 3
+    assert len(h.requests) == 2 == h.at_stop
+    assert not out.receipt.after_stop.active  # type: ignore[attr-defined]
+
+
 # -- nudge -------------------------------------------------------------------------------------
 
 
@@ -301,14 +322,22 @@ def test_a_receipt_never_claims_a_stop_the_run_went_past() -> None:
     h = Harness(LOOPING)
     out = h.run_sync(h.plugin())
     assert isinstance(out, StoppedRun)
-    assert out.receipt.after_stop.model_calls == 0  # type: ignore[attr-defined]
+    assert not out.receipt.after_stop.active  # type: ignore[attr-defined]
 
 
 def test_the_plugin_forgets_finished_invocations() -> None:
     h = Harness(_script(healthy_calls()[:2]))
     plugin = h.plugin()
     assert _answer(h.run_sync(plugin)) == "done"
-    assert plugin._runs == {}
+    assert plugin._runs == {} and plugin._refused == set()
+
+
+def test_an_invocation_that_crashes_still_hands_over_a_receipt_that_claims_no_end() -> None:
+    h = Harness([(LOOP_TOOL, {"query": "billing"})])  # MockModel runs out of responses
+    got, sink = _receipts()
+    with pytest.raises(IndexError):
+        h.run_sync(h.plugin(on_receipt=sink))
+    assert len(got) == 1 and got[0].reason is None and got[0].end is None
 
 
 # -- two runs at once --------------------------------------------------------------------------
@@ -341,10 +370,38 @@ def test_two_invocations_in_two_threads_are_judged_separately() -> None:
     assert _answer(results["healthy"]) == "done"
 
 
+def test_the_agent_option_names_the_agent_on_receipts() -> None:
+    h = Harness(LOOPING)
+    got, sink = _receipts()
+    h.run_sync(h.plugin(agent="support", on_receipt=sink))
+    assert got[0].agent == "support"
+
+
 def test_bad_settings_name_the_field() -> None:
+    with pytest.raises(ConfigError) as err:
+        TripwirePlugin(agent="")
+    assert err.value.field == "agent"
     with pytest.raises(ConfigError) as err:
         TripwirePlugin(on_loop="page")
     assert err.value.field == "on_loop"
     with pytest.raises(ConfigError) as err:
         asyncio.run(run(object(), user_id="u", session_id="s", new_message=types.Content()))
     assert err.value.field == "runner"
+
+
+def test_the_example_runs() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root / "src"), env.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, str(root / "examples" / "google_adk_loop.py")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "stopped: loop_detected" in out.stdout
+    assert "receipt: loop_detected" in out.stdout

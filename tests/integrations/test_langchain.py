@@ -263,3 +263,19 @@ def test_a_stop_inside_a_parallel_batch_ends_the_run(mode: str) -> None:
     assert counters.loop_bodies == 3 and counters.model_calls == 2
     after = got[0].after_stop
     assert after is None or not after.active  # nothing ran after the stop
+
+
+@pytest.mark.parametrize("mode", ["create_agent+middleware"])
+def test_a_token_budget_ends_with_the_tool_less_answer_kept(mode: str) -> None:
+    from ._guard_milestones import G3
+
+    counters = Counters()
+    out, got = run(mode, scripted(healthy_calls()), counters, limits=Limits(max_total_tokens=40))
+    # 13 tokens a call: the 3rd call reaches 39 of 40, so its tool call is refused and the
+    # 4th call goes out without tools.
+    assert counters.model_calls == 4 and counters.tool_bodies == 2
+    if G3:  # its answer is kept, though its own usage crosses the limit
+        assert out == "partial: 3 results"
+    else:
+        assert isinstance(out, StoppedRun) and out.partial == "partial: 3 results"
+    assert got[0].reason is StopReason.MAX_TOTAL_TOKENS

@@ -192,6 +192,26 @@ def test_the_callers_agent_and_tools_are_left_as_they_are() -> None:
     assert h.agent.reset_tool_choice is True
 
 
+def test_an_agent_guarded_for_an_earlier_run_is_judged_by_the_new_run() -> None:
+    h = Harness(scripted(healthy_calls()[:2]))
+    got, sink = _receipts()
+    tw = h.tripwire(on_receipt=sink)
+    earlier = TripwireHooks(tw.new_run("looper")).guard_agent(h.agent)
+    out = tw.run_sync(earlier, "q")
+    assert isinstance(out, RunResult) and out.final_output == "done"
+    assert got[0].counters.tool_calls == 2
+
+
+@needs_g1
+@needs_g5
+def test_a_stopping_batch_runs_three_bodies_and_nothing_after_the_stop() -> None:
+    h = Harness(lambda i, seen, tools: [(LOOP_TOOL, dict(LOOP_ARGS))] * 3)
+    out = h.tripwire().run_sync(h.agent, "q")
+    assert isinstance(out, StoppedRun)
+    assert h.counters.loop_bodies == 3
+    assert not out.receipt.after_stop.active  # type: ignore[attr-defined]
+
+
 # -- nudge -------------------------------------------------------------------------------------
 
 
@@ -316,7 +336,7 @@ def test_a_receipt_never_claims_a_stop_the_run_went_past() -> None:
     h = Harness(looping)
     out = h.tripwire().run_sync(h.agent, "q")
     assert isinstance(out, StoppedRun)
-    assert out.receipt.after_stop.model_calls == 0  # type: ignore[attr-defined]
+    assert not out.receipt.after_stop.active  # type: ignore[attr-defined]
 
 
 def test_your_own_hooks_still_see_every_event() -> None:
@@ -332,6 +352,16 @@ def test_your_own_hooks_still_see_every_event() -> None:
     h = Harness(scripted(healthy_calls()[:2]))
     h.tripwire().run_sync(h.agent, "q", hooks=Mine())
     assert seen == ["llm", "search_docs", "llm", "fetch_page", "llm"]
+
+
+def test_a_run_that_crashes_still_hands_over_a_receipt_that_claims_no_end() -> None:
+    h = Harness(looping)
+    h.model = ScriptedModel([ModelStep.raise_error(RuntimeError("model down"))])
+    h.agent = h.agent.clone(model=h.model)
+    got, sink = _receipts()
+    with pytest.raises(RuntimeError, match="model down"):
+        h.tripwire(on_receipt=sink).run_sync(h.agent, "q")
+    assert len(got) == 1 and got[0].reason is None and got[0].end is None
 
 
 # -- two runs at once --------------------------------------------------------------------------
@@ -368,10 +398,38 @@ async def test_two_runs_in_two_tasks_are_judged_separately() -> None:
     assert healthy_h.counters.tool_bodies == 30
 
 
+def test_the_agent_option_names_the_agent_on_receipts() -> None:
+    h = Harness(looping)
+    got, sink = _receipts()
+    h.tripwire(agent="support", on_receipt=sink).run_sync(h.agent, "q")
+    assert got[0].agent == "support"
+
+
 def test_bad_settings_name_the_field() -> None:
+    with pytest.raises(ConfigError) as err:
+        Tripwire(agent="")
+    assert err.value.field == "agent"
     with pytest.raises(ConfigError) as err:
         Tripwire(on_loop="page")
     assert err.value.field == "on_loop"
     with pytest.raises(ConfigError) as err:
         Tripwire(run_id="x")
     assert err.value.field == "run_id"
+
+
+def test_the_example_runs() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root / "src"), env.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, str(root / "examples" / "openai_agents_loop.py")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "stopped: loop_detected" in out.stdout
+    assert "receipt: loop_detected" in out.stdout

@@ -312,3 +312,18 @@ def test_identical_calls_of_one_parallel_batch_are_judged_in_turn() -> None:
     assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
     assert counters.loop_bodies == 3  # the 4th, beside the 3rd in the second batch, never ran
     assert counters.model_calls == 2
+
+
+def test_a_token_budget_ends_with_the_tool_less_answer_kept() -> None:
+    from ._guard_milestones import G3
+
+    got, on_receipt = sink()
+    counters = Counters()
+    capability = Tripwire(Limits(max_total_tokens=40), on_receipt=on_receipt)
+    out = build(scripted(healthy_calls()), counters, capability).run_sync("Research").output
+    assert counters.model_calls == 4 and counters.tool_bodies == 2
+    if G3:
+        assert out == "partial: 3 results"
+    else:
+        assert isinstance(out, StoppedRun) and out.partial == "partial: 3 results"
+    assert got[0].reason is StopReason.MAX_TOTAL_TOKENS

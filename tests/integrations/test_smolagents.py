@@ -222,6 +222,17 @@ def test_the_stop_propagates_out_of_a_plain_agent_run() -> None:
     assert not isinstance(h.agent.tools["final_answer"], GuardedTool)
 
 
+@needs_g1
+@needs_g5
+def test_a_stopping_parallel_batch_runs_three_bodies_and_nothing_after_the_stop() -> None:
+    h = Harness(lambda i, last, tools: [(LOOP_TOOL, dict(LOOP_ARGS))] * 3)
+    out = h.tripwire().run(h.agent, "q")
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
+    assert h.counters.loop_bodies == 3
+    assert h.counters.model_calls == 2 == h.at_stop
+    assert not out.receipt.after_stop.active  # type: ignore[attr-defined]
+
+
 # -- nudge -------------------------------------------------------------------------------------
 
 
@@ -334,7 +345,7 @@ def test_a_receipt_never_claims_a_stop_the_run_went_past() -> None:
     h = Harness(looping)
     out = h.tripwire().run(h.agent, "q")
     assert isinstance(out, StoppedRun)
-    assert out.receipt.after_stop.model_calls == 0  # type: ignore[attr-defined]
+    assert not out.receipt.after_stop.active  # type: ignore[attr-defined]
 
 
 def test_every_run_of_one_agent_gets_its_own_guard_and_receipt() -> None:
@@ -346,6 +357,17 @@ def test_every_run_of_one_agent_gets_its_own_guard_and_receipt() -> None:
     assert tw.run(h.agent, "q") == "done"
     assert [r.counters.tool_calls for r in got] == [2, 2]
     assert got[0].run_id != got[1].run_id
+
+
+def test_a_run_that_crashes_still_hands_over_a_receipt_that_claims_no_end() -> None:
+    def broken(i: int, last: str, tools: list[str]) -> Reply:
+        raise RuntimeError("model down")
+
+    h = Harness(broken)
+    got, sink = _receipts()
+    with pytest.raises(Exception, match="model down"):
+        h.tripwire(on_receipt=sink).run(h.agent, "q")
+    assert len(got) == 1 and got[0].reason is None and got[0].end is None
 
 
 # -- two runs at once --------------------------------------------------------------------------
@@ -382,7 +404,17 @@ async def test_two_runs_in_two_tasks_are_judged_separately() -> None:
     assert healthy_out == "done" and healthy_h.counters.tool_bodies == 30
 
 
+def test_the_agent_option_names_the_agent_on_receipts() -> None:
+    h = Harness(looping)
+    got, sink = _receipts()
+    h.tripwire(agent="support", on_receipt=sink).run(h.agent, "q")
+    assert got[0].agent == "support"
+
+
 def test_bad_settings_name_the_field() -> None:
+    with pytest.raises(ConfigError) as err:
+        Tripwire(agent="")
+    assert err.value.field == "agent"
     with pytest.raises(ConfigError) as err:
         Tripwire(on_loop="page")
     assert err.value.field == "on_loop"
@@ -390,3 +422,21 @@ def test_bad_settings_name_the_field() -> None:
     with pytest.raises(ConfigError) as err:
         Tripwire().run(h.agent, "q", stream=True)
     assert err.value.field == "stream"
+
+
+def test_the_example_runs() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root / "src"), env.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, str(root / "examples" / "smolagents_loop.py")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "stopped: loop_detected" in out.stdout
+    assert "receipt: loop_detected" in out.stdout

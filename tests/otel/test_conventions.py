@@ -1,4 +1,4 @@
-"""The span → event mapping, on hand-written spans shaped like each emitter's (EMITTERS.md)."""
+"""The span → event mapping, on hand-written spans shaped like each emitter's (docs/emitters.md)."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def langchain_tool_message_ol(call_id: str, content: str = "no results") -> str:
     )  # fmt: skip
 
 
-# -- one test per row of the EMITTERS.md table -----------------------------------------------
+# -- one test per row of the docs/emitters.md table -----------------------------------------------
 
 
 def test_genai_conventions_tool_span() -> None:

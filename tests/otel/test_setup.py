@@ -67,7 +67,7 @@ def test_inner_processor_gets_annotated_spans(provider: TracerProvider) -> None:
 
 def test_environment_variables_configure_the_policy(provider: TracerProvider) -> None:
     env = {
-        "TRIPWIRE_POLICY": "seed",
+        "TRIPWIRE_PRESET": "seed",
         "TRIPWIRE_WINDOW": "6",
         "TRIPWIRE_THRESHOLD": "3",
         "TRIPWIRE_KEY": "tool",
@@ -87,7 +87,8 @@ def test_keywords_win_over_environment(provider: TracerProvider) -> None:
     env = {"TRIPWIRE_WINDOW": "6", "TRIPWIRE_THRESHOLD": "5", "TRIPWIRE_MAX_TRACES": "50"}
     p = tw.instrument(provider=provider, env=env, threshold=3, max_traces=7, flags=tw.KillFlags())
     assert (p.policy.window, p.policy.threshold, p.max_traces) == (6, 3, 7)
-    assert tw.instrument(provider=provider, env={}, policy=SEED_POLICY).policy is SEED_POLICY
+    other = TracerProvider()
+    assert tw.instrument(provider=other, env={}, policy=SEED_POLICY).policy is SEED_POLICY
 
 
 @pytest.mark.parametrize(
@@ -101,7 +102,16 @@ def test_keywords_win_over_environment(provider: TracerProvider) -> None:
         ({"TRIPWIRE_MAX_PERIOD": "1"}, "TRIPWIRE_MAX_PERIOD"),
         ({"TRIPWIRE_MAX_PERIOD": "x"}, "TRIPWIRE_MAX_PERIOD"),
         ({"TRIPWIRE_MIN_REPEATS": "-2"}, "TRIPWIRE_MIN_REPEATS"),
-        ({"TRIPWIRE_POLICY": "paranoid"}, "TRIPWIRE_POLICY"),
+        ({"TRIPWIRE_PRESET": "paranoid"}, "TRIPWIRE_PRESET"),
+        ({"TRIPWIRE_POLICY": "seed"}, "TRIPWIRE_POLICY"),  # a preset name where a file goes
+        ({"TRIPWIRE_POLICY": "/no/such/tripwire.toml"}, "TRIPWIRE_POLICY"),
+        ({"TRIPWIRE_CONFIG": "/no/such/tripwire.toml"}, "TRIPWIRE_CONFIG"),
+        ({"TRIPWIRE_WINDOW": "1" + "0" * 22}, "TRIPWIRE_WINDOW"),  # accepted, then broke the watcher
+        ({"TRIPWIRE_MAX_PERIOD": str(2**40)}, "TRIPWIRE_MAX_PERIOD"),
+        ({"TRIPWIRE_WINDOW": "1_000"}, "TRIPWIRE_WINDOW"),
+        ({"TRIPWIRE_IDLE_TTL_S": "inf"}, "TRIPWIRE_IDLE_TTL_S"),
+        ({"TRIPWIRE_TOOL_TIMEOUT_S": "1e10"}, "TRIPWIRE_TOOL_TIMEOUT_S"),
+        ({"TRIPWIRE_DIGEST_KEY": "123456"}, "TRIPWIRE_DIGEST_KEY"),
         ({"TRIPWIRE_MAX_TRACES": "0"}, "TRIPWIRE_MAX_TRACES"),
         ({"TRIPWIRE_MAX_TRACES": "many"}, "TRIPWIRE_MAX_TRACES"),
         ({"TRIPWIRE_IDLE_TTL_S": "soon"}, "TRIPWIRE_IDLE_TTL_S"),
@@ -114,6 +124,30 @@ def test_bad_environment_values_name_the_variable(
     with pytest.raises(ConfigError) as info:
         tw.instrument(provider=provider, env=env)
     assert info.value.field == var
+
+
+def test_a_second_instrument_attaches_nothing_and_warns_once(provider: TracerProvider) -> None:
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    first = tw.instrument(provider=provider, env={}, flags=tw.KillFlags())
+    with pytest.warns(RuntimeWarning, match="already called"):
+        second = tw.instrument(provider=provider, env={}, flags=tw.KillFlags())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        third = tw.instrument(provider=provider, env={})  # no second warning
+    assert second is first and third is first
+    loop(provider)
+    # One processor judged the loop: one verdict span, not two.
+    assert [s.name for s in exporter.get_finished_spans()].count("tripwire.verdict") == 1
+    assert first.stats.flags_raised == 1
+
+
+def test_the_digest_key_secret_never_reaches_the_error(provider: TracerProvider) -> None:
+    with pytest.raises(ConfigError) as info:
+        tw.instrument(provider=provider, env={"TRIPWIRE_DIGEST_KEY": "pin-1234"})
+    assert "pin-1234" not in str(info.value) and "pin-1234" not in repr(info.value.value)
 
 
 def test_unknown_keyword_is_a_config_error(provider: TracerProvider) -> None:

@@ -15,7 +15,9 @@ from tripwire.replay.calibrate import (
     PolicyScore,
     assign_labels,
     calibrate,
+    learn_step_line,
     load_labels,
+    min_runs_for,
     pareto_front,
     policy_grid,
 )
@@ -101,3 +103,51 @@ def test_workers_give_the_same_result(tmp_path: Path) -> None:
 def test_invalid_cap() -> None:
     with pytest.raises(ConfigError):
         calibrate([], [BASE], max_false_alarms=1.5)
+
+
+# -- the learned step line (split-conformal) --------------------------------------------------------
+
+
+def test_step_line_is_the_conformal_order_statistic() -> None:
+    # 39 runs at alpha=0.05: k = ceil(40 * 0.95) = 38, the second-largest count.
+    counts = list(range(100, 139))
+    line = learn_step_line(reversed(counts), alpha=0.05)
+    assert (line.max_tool_calls, line.rank, line.runs, line.alpha) == (137, 38, 39, 0.05)
+    # 19 runs is the fewest alpha=0.05 allows: k = ceil(20 * 0.95) = 19, the largest.
+    assert learn_step_line([5] * 18 + [40], alpha=0.05).max_tool_calls == 40
+    assert min_runs_for(0.05) == 19
+    assert min_runs_for(0.01) == 99
+    assert min_runs_for(0.5) == 1
+
+
+def test_step_line_stops_at_most_alpha_of_the_runs_it_was_learned_from() -> None:
+    counts = [3, 8, 8, 9, 12, 15, 15, 15, 20, 21, 22, 30, 31, 33, 40, 41, 47, 50, 66, 90, 120]
+    for alpha in (0.05, 0.1, 0.2, 0.3):
+        line = learn_step_line(counts, alpha=alpha).max_tool_calls
+        over = sum(c > line for c in counts)
+        assert over <= alpha * (len(counts) + 1)
+
+
+def test_step_line_refuses_below_the_minimum_number_of_runs() -> None:
+    with pytest.raises(ConfigError) as info:
+        learn_step_line([10] * 18, alpha=0.05)
+    assert info.value.field == "healthy runs"
+    assert info.value.value == 18
+    assert "at least 19 healthy runs" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        learn_step_line([], alpha=0.2)
+    assert info.value.value == 0
+
+
+@pytest.mark.parametrize("alpha", [0, 1, -0.1, 1.5, True, "0.05", float("nan")])
+def test_step_line_rejects_a_bad_alpha(alpha: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        learn_step_line([1] * 200, alpha=alpha)  # type: ignore[arg-type]
+    assert info.value.field == "alpha"
+
+
+@pytest.mark.parametrize("count", [-1, 2.5, True, None])
+def test_step_line_rejects_a_bad_count(count: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        learn_step_line([1] * 30 + [count], alpha=0.05)  # type: ignore[list-item]
+    assert info.value.field == "counts"

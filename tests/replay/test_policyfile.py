@@ -9,7 +9,7 @@ import pytest
 from tripwire.core.policy import KeyMode, LoopPolicy, ResultEvidence, RetryPolicy
 from tripwire.core.signature import DEFAULT_NORMALIZER
 from tripwire.errors import ConfigError
-from tripwire.replay.policyfile import apply_overrides, load_policy_file, parse_policy
+from tripwire.replay.policyfile import load_policy_file, parse_policy
 
 
 def _file(tmp_path: Path, text: str) -> Path:
@@ -149,21 +149,31 @@ def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
     assert "not valid TOML" in str(info.value)
 
 
-def test_overrides() -> None:
-    base = LoopPolicy.preset("default").evolve(polling_tools=frozenset({"a"}))
-    policy, norm = apply_overrides(
-        base,
-        DEFAULT_NORMALIZER,
-        policy_changes={"window": 30, "threshold": None},
-        volatile_add=["cursor"],
-        volatile_remove=["now"],
-        polling_tools=["b"],
-    )
-    assert policy.window == 30 and policy.threshold == base.threshold
-    assert policy.polling_tools == frozenset({"a", "b"})
-    assert "cursor" in norm.volatile_keys and "now" not in norm.volatile_keys
-    same, same_norm = apply_overrides(base, DEFAULT_NORMALIZER)
-    assert same is base and same_norm is DEFAULT_NORMALIZER
+def test_a_policy_file_that_is_not_utf8_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "tripwire.toml"
+    path.write_bytes("version = 1\n# réglages\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as info:
+        load_policy_file(path)
+    assert "not UTF-8" in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "tripwire.toml"
+    path.write_bytes(b"\xef\xbb\xbfversion = 1\n[policy]\nwindow = 12\n")
+    assert load_policy_file(path).policy.window == 12
+
+
+def test_a_policy_file_refuses_the_configuration_sections() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_policy({"version": 1, "limits": {"max_tool_calls": 3}})
+    assert info.value.field == "limits" and "TRIPWIRE_CONFIG" in str(info.value)
+
+
+def test_errors_name_the_file_in_the_message(tmp_path: Path) -> None:
+    path = _file(tmp_path, "version = 1\n[policy]\nwindow = 0\n")
+    with pytest.raises(ConfigError) as info:
+        load_policy_file(path)
+    assert info.value.field == "policy.window" and str(path) in str(info.value)
 
 
 def test_every_optional_rule_can_be_switched_off() -> None:

@@ -248,7 +248,7 @@ def test_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_read_bytes_never_raises_on_wrong_types() -> None:
     batch = read_bytes(b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": 5}]}]}]}', "x.json")
-    assert batch.spans == [] and "not an OTLP ExportTraceServiceRequest" in batch.problems[0].detail
+    assert batch.spans == [] and "not an OTLP span" in batch.problems[0].detail
 
 
 def test_old_instrumentation_library_spans_name() -> None:
@@ -261,3 +261,130 @@ def test_problem_as_input_error() -> None:
     err = Problem("f.jsonl", "invalid JSON", 3).to_error()
     assert (err.source, err.line, err.detail) == ("f.jsonl", 3, "invalid JSON")
     assert str(Problem("f.jsonl", "bad", 3)) == "f.jsonl:3: bad"
+
+
+# -- hostile input (issue 16): reported per file, every valid span kept, bounded -----------
+
+
+def _one_bad_span(bad: dict) -> str:
+    """A request of 3 good tool spans and one bad one (the 2nd)."""
+    spans = repeated(1, 3)
+    spans.insert(2, bad)
+    return dumps(request(spans))
+
+
+def _deep_array(levels: int) -> dict:
+    value: dict = {"intValue": "1"}
+    for _ in range(levels):
+        value = {"arrayValue": {"values": [value]}}
+    return value
+
+
+def test_a_401_digit_start_time_is_reported_and_the_span_kept(tmp_path: Path) -> None:
+    bad = tool_span(1, 500, "search_docs", json.dumps({"q": "x"}), at=9)
+    bad["startTimeUnixNano"] = "9" * 401
+    f = _write(tmp_path / "a.json", _one_bad_span(bad))
+    spans, problems = _read(f)
+    assert len(spans) == 5  # root + 3 + the one with the bad time
+    assert [p.source for p in problems] == [str(f)]
+    assert "not Unix times in nanoseconds" in problems[0].detail
+    assert next(sp for sp in spans if sp.span_id == span_id(500)).start_s is None
+
+
+def test_an_unquoted_401_digit_time_too(tmp_path: Path) -> None:
+    bad = tool_span(1, 500, "search_docs", None, at=9)
+    text = _one_bad_span(bad).replace(json.dumps(bad["startTimeUnixNano"]), "9" * 401, 1)
+    spans, problems = _read(_write(tmp_path / "a.json", text))
+    assert len(spans) == 5 and len(problems) == 1
+
+
+def test_an_attribute_400_array_levels_deep_is_a_bad_file_not_a_crash(tmp_path: Path) -> None:
+    bad = tool_span(1, 500, "search_docs", None, at=9)
+    bad["attributes"].append({"key": "deep", "value": "MARK"})
+    deep = '{"arrayValue": {"values": [' * 400 + '{"intValue": "1"}' + "]}}" * 400
+    f = _write(tmp_path / "deep.json", _one_bad_span(bad).replace('"MARK"', deep))
+    good = _write(tmp_path / "good.json", dumps(request(repeated(2, 3))))
+    spans, problems = _read(f, good)
+    assert [p.source for p in problems] == [str(f)]
+    assert {sp.trace_id for sp in spans} == {trace_id(2)}  # the other file is kept
+
+
+def test_an_attribute_40_levels_deep_is_cut_and_the_span_kept(tmp_path: Path) -> None:
+    bad = tool_span(1, 500, "search_docs", None, at=9)
+    bad["attributes"].append({"key": "deep", "value": _deep_array(40)})
+    spans, problems = _read(_write(tmp_path / "a.json", _one_bad_span(bad)))
+    assert len(spans) == 5
+    assert "nested deeper than" in problems[0].detail
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [(b"\\ud800", "lone surrogate"), (b"\\udc00", "lone surrogate"), (b"\xff", "invalid UTF-8")],
+)
+def test_one_bad_string_loses_its_span_only(tmp_path: Path, raw: bytes, reason: str) -> None:
+    bad = tool_span(1, 500, "search_docs", None, at=9)
+    bad["attributes"].append(s("note", "MARK"))
+    data = _one_bad_span(bad).encode().replace(b"MARK", raw)
+    spans, problems = _read(_write(tmp_path / "a.json", data))
+    assert len(spans) == 4 and span_id(500) not in {sp.span_id for sp in spans}
+    assert len(problems) == 1 and reason in problems[0].detail
+
+
+def test_a_surrogate_pair_is_not_a_lone_surrogate(tmp_path: Path) -> None:
+    bad = tool_span(1, 500, "search_docs", None, at=9)
+    bad["attributes"].append(s("note", "MARK"))
+    data = _one_bad_span(bad).encode().replace(b"MARK", b"\\ud83d\\ude00")
+    spans, problems = _read(_write(tmp_path / "a.json", data))
+    assert problems == [] and len(spans) == 5
+
+
+def test_a_bad_string_in_a_jsonl_line(tmp_path: Path) -> None:
+    good = json.dumps(request(repeated(1, 2)))
+    bad = json.dumps(request(repeated(2, 2))).replace("search_docs", "\\udfff", 1)
+    f = _write(tmp_path / "a.jsonl", f"{good}\n{bad}\n")
+    spans, problems = _read(f)
+    assert {sp.trace_id for sp in spans} == {trace_id(1), trace_id(2)}
+    assert problems[0].line == 2
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    f = _write(tmp_path / "bom.json", b"\xef\xbb\xbf" + dumps(request(repeated(1, 3))).encode())
+    spans, problems = _read(f)
+    assert problems == [] and len(spans) == 4
+
+
+def test_a_gzip_bomb_stops_at_the_cap(tmp_path: Path) -> None:
+    f = _write(tmp_path / "bomb.json.gz", gzip.compress(b" " * (8 << 20)))
+    good = _write(tmp_path / "good.json", dumps(request(repeated(2, 3))))
+    batches = list(read_batches([str(f), str(good)], max_file_bytes=1 << 20))
+    assert batches[0].spans == [] and "decompresses to more than 1 MiB" in batches[0].problems[0].detail
+    assert len(batches[1].spans) == 4
+    # The same file under the default cap is simply empty JSON: the cap is what refused it.
+    assert "decompresses" not in read_bytes(f.read_bytes(), str(f)).problems[0].detail
+
+
+def test_multi_member_gzip_is_read_whole(tmp_path: Path) -> None:
+    text = json.dumps(request(repeated(1, 2))) + "\n" + json.dumps(request(repeated(2, 2))) + "\n"
+    half = len(text) // 2
+    f = _write(tmp_path / "a.jsonl.gz", gzip.compress(text[:half].encode()) + gzip.compress(text[half:].encode()))
+    spans, problems = _read(f)
+    assert problems == [] and len(spans) == 6
+
+
+def test_a_file_over_the_read_cap(tmp_path: Path) -> None:
+    f = _write(tmp_path / "big.json", b" " * 4096 + dumps(request(repeated(1, 3))).encode())
+    (batch,) = read_batches([str(f)], max_file_bytes=2048)
+    assert batch.spans == [] and "over the cap" in batch.problems[0].detail
+
+
+def test_a_symlink_to_dev_zero_and_a_fifo_are_skipped_and_reported(tmp_path: Path) -> None:
+    import os
+
+    (tmp_path / "zero.json").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "pipe.json")  # reading it would wait forever for a writer
+    _write(tmp_path / "good.json", dumps(request(repeated(1, 3))))
+    batches = {Path(b.source).name: b for b in read_batches([str(tmp_path)])}
+    assert len(batches["good.json"].spans) == 4
+    for name, kind in (("zero.json", "a device"), ("pipe.json", "a FIFO")):
+        (problem,) = batches[name].problems
+        assert f"not a regular file ({kind})" in problem.detail and not problem.skipped

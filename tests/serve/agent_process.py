@@ -44,7 +44,7 @@ def main() -> None:
             for step in range(steps):
                 tripwire.remote.check(trace_id)  # before the model call of this step
                 model_calls += 1
-                time.sleep(0.25)  # the model thinks
+                time.sleep(0.6)  # the model thinks (real model calls take longer)
                 tripwire.remote.check(trace_id)  # before the tool runs
                 query = "refund policy" if script == "loop" else f"topic {step}"
                 with tracer.start_as_current_span(

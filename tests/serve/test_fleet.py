@@ -118,3 +118,11 @@ def test_memory_is_bounded_by_max_traces() -> None:
         ended += len(fleet.process([_tool(0, tid=f"{n + 1:032x}")], now=float(n)).ended_runs)
     assert len(fleet) == 100
     assert ended == 900
+
+
+def test_a_transition_mid_batch_leaves_the_rows_counters_up_to_date() -> None:
+    fleet = Fleet(reorder_s=0)
+    out = fleet.process([_tool(i) for i in range(6)], now=1.0)
+    (row,) = out.urgent.runs
+    assert (row.verdict, row.first_stuck_call, row.tool_calls, row.calls_after_stuck) == ("stuck", 4, 6, 2)
+    assert out.routine.runs == []  # one row per run and step, not two

@@ -67,7 +67,7 @@ def test_agent_process_stops_via_the_store_without_redis(sqlite_store: RunStore)
     config = ServeConfig(tokens=(TOKEN,), reorder_s=0.0, flush_s=0.05)
     with running_service(config, sqlite_store) as r:
         result = _agent(r.url, "http", "loop")
-    # Polled every 50 ms: the flag reaches the agent during its 5th model call, and the 5th
+    # Polled every 50 ms: the flag reaches the agent during its 5th model call (600 ms), and the 5th
     # tool body is refused.
     assert result["ended"] == "stopped:loop_detected"
     assert result["bodies"] == 4

@@ -17,6 +17,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,  # locals hold tool arguments
+    rich_markup_mode=None,  # help texts are literal: "pip install 'tripwire[plot]'" keeps its [plot]
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -42,6 +43,7 @@ from tripwire.cli import calibrate as _calibrate  # noqa: E402,F401
 from tripwire.cli import demo as _demo  # noqa: E402,F401
 from tripwire.cli import explain as _explain  # noqa: E402,F401
 from tripwire.cli import replay as _replay  # noqa: E402,F401
+from tripwire.cli import report as _report  # noqa: E402,F401
 from tripwire.cli import serve as _serve  # noqa: E402,F401
 
 

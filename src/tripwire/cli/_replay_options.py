@@ -9,27 +9,31 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from types import EllipsisType
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, Final, NoReturn
 
+import click
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from tripwire.cli._common import EXIT_USAGE, abort, err_console
+from tripwire.config import Config, load_config
 from tripwire.core.policy import PRESETS, KeyMode, LoopPolicy
-from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
+from tripwire.core.signature import Normalizer
 from tripwire.errors import ConfigError
-from tripwire.replay.policyfile import apply_overrides, load_policy_file
 from tripwire.replay.reader import STDIN, Problem, expand_paths
 
 __all__ = [
     "MAX_PROBLEMS_SHOWN",
     "PROGRESS_MIN_BYTES",
     "PROGRESS_MIN_FILES",
+    "ConfigPath",
+    "JsonOut",
+    "MaxFileSize",
     "abort_plain",
-    "parse_off_int",
+    "parse_size",
     "reading_progress",
     "report_problems",
+    "resolve_config",
     "resolve_policy",
 ]
 
@@ -59,22 +63,34 @@ Paths = Annotated[
         show_default=False,
     ),
 ]
+ConfigPath = Annotated[
+    str | None,
+    typer.Option(
+        "--config",
+        envvar="TRIPWIRE_CONFIG",
+        metavar="FILE",
+        help="A tripwire.toml configuration file ([policy], [normalizer], [limits]…; see "
+        "docs/config.md). The policy file and the options below override it.",
+        show_default=False,
+    ),
+]
 PolicyPath = Annotated[
     str | None,
     typer.Option(
         "--policy",
         envvar="TRIPWIRE_POLICY",
         metavar="FILE",
-        help="A versioned policy file (tripwire.toml, see docs/replay.md). Options below "
-        "override its values.",
+        help="A versioned policy file (version, preset, [policy], [normalizer]; see "
+        "docs/replay.md). Options below override its values.",
         show_default=False,
     ),
 ]
 PolicyPreset = Annotated[
     str | None,
     typer.Option(
+        "--preset",
         "--policy-preset",
-        envvar="TRIPWIRE_POLICY_PRESET",
+        envvar="TRIPWIRE_PRESET",
         metavar="NAME",
         help=f"Start from a named preset ({_PRESETS}). Default: the policy file's preset, "
         "else 'default'. 'seed' is the plain rule: same tool + arguments 4 times in 10 calls.",
@@ -135,6 +151,15 @@ PollingTools = Annotated[
         "result counts as progress; repeatable. The env var takes a space-separated list.",
     ),
 ]
+MaxFileSize = Annotated[
+    str | None,
+    typer.Option(
+        "--max-file-size", envvar="TRIPWIRE_MAX_FILE_SIZE", metavar="SIZE", show_default=False,
+        help="The most one trace file may take, on disk and once decompressed (a gzip bomb "
+        "stops there); a larger file is reported as a bad file. Bytes, or with K, M, G. "
+        "Default: 1G.",
+    ),
+]
 JsonOut = Annotated[
     bool,
     typer.Option(
@@ -142,6 +167,23 @@ JsonOut = Annotated[
         help="Write JSON Lines to stdout instead of a table.",
     ),
 ]
+
+
+def parse_size(option: str, text: str | None) -> int:
+    """``--max-file-size``: bytes, or a number with K/M/G (powers of 1024); default the reader's."""
+    from tripwire.replay.reader import DEFAULT_MAX_FILE_BYTES
+
+    if text is None:
+        return DEFAULT_MAX_FILE_BYTES
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]{1,15})\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    if match is None:
+        abort_plain(f"{option} takes a size in bytes, or with K, M or G (512M, 2G); got {text[:40]!r}")
+    number = int(match.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[match.group(2).lower()]
+    if number < 1024:
+        abort_plain(f"{option} must be at least 1K, got {text!r}")
+    return number
 
 
 def abort_plain(text: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -155,25 +197,62 @@ def abort_plain(text: str, code: int = EXIT_USAGE) -> NoReturn:
     abort(escape(text), code)
 
 
-def parse_off_int(option: str, value: str | None, minimum: int) -> int | EllipsisType | None:
-    """``None`` → ``...`` (not given), ``off`` → ``None``, else an int >= ``minimum``."""
-    if value is None:
-        return ...
-    if value.strip().lower() in ("off", "none"):
-        return None
+_CLICK_PARAMS: Final = {
+    "config": "config",
+    "policy_file": "policy_file",
+    "preset": "policy_preset",
+    "window": "window",
+    "threshold": "threshold",
+    "key": "key",
+    "max_period": "max_period",
+    "min_repeats": "min_repeats",
+    "volatile_keys": "volatile_key",
+    "polling_tools": "polling_tool",
+}
+"""Setting name → the command's parameter name."""
+_OPTION_NAMES: Final = {
+    "config": "--config",
+    "policy_file": "--policy",
+    "preset": "--preset",
+    "volatile_keys": "--volatile-key",
+    "polling_tools": "--polling-tool",
+}
+
+
+def _option_name(setting: str) -> str:
+    return _OPTION_NAMES.get(setting, "--" + setting.replace("_", "-"))
+
+
+def resolve_config(**given: Any) -> Config:
+    """The settings the command line, the environment and the files describe.
+
+    ``given`` are the command's option values by setting name (``preset``, ``window``,
+    ``volatile_keys``…). Values that click took from an environment variable are left to the
+    loader, which reads the environment itself and names the variable in its errors.
+
+    Exits with code 2 (through :func:`abort`) on an invalid setting.
+    """
+    ctx = click.get_current_context(silent=True)
+    options: dict[str, Any] = {}
+    for name, value in given.items():
+        if value is None or value == []:
+            continue
+        param = _CLICK_PARAMS.get(name, name)
+        source = ctx.get_parameter_source(param) if ctx is not None else None
+        if source is click.core.ParameterSource.ENVIRONMENT:
+            continue
+        options[name] = value
     try:
-        number = int(value)
-    except ValueError:
-        abort_plain(f"{option} must be an integer >= {minimum} or 'off', got {value!r}")
-    if number < minimum:
-        abort_plain(f"{option} must be an integer >= {minimum} or 'off', got {value!r}")
-    return number
+        return load_config(options, option_name=_option_name)
+    except ConfigError as exc:
+        abort_plain(f"invalid configuration: {exc}")
 
 
 def resolve_policy(
     *,
-    policy_file: str | None,
-    preset: str | None,
+    config: str | None = None,
+    policy_file: str | None = None,
+    preset: str | None = None,
     window: int | None = None,
     threshold: int | None = None,
     key: KeyMode | None = None,
@@ -182,50 +261,20 @@ def resolve_policy(
     volatile_keys: Sequence[str] | None = None,
     polling_tools: Sequence[str] | None = None,
 ) -> tuple[LoopPolicy, Normalizer]:
-    """The policy and normalizer the options describe: preset → policy file → options.
-
-    Exits with code 2 (through :func:`abort`) on an invalid combination.
-    """
-    try:
-        if policy_file is not None:
-            loaded = load_policy_file(policy_file)
-            policy, normalizer = loaded.policy, loaded.normalizer
-            if preset is not None and preset != loaded.policy.name:
-                base = LoopPolicy.preset(preset)
-                abort_plain(
-                    f"--policy-preset {preset} conflicts with the policy file {policy_file} "
-                    f"(preset {loaded.policy.name!r}); set 'preset = \"{base.name}\"' in the file "
-                    "or drop the option"
-                )
-        else:
-            policy = LoopPolicy.preset(preset or "default")
-            normalizer = DEFAULT_NORMALIZER
-        changes: dict[str, Any] = {
-            "window": window,
-            "threshold": threshold,
-            "key": key,
-            "min_repeats": min_repeats,
-        }
-        mp = parse_off_int("--max-period", max_period, 2)
-        add = [k for k in volatile_keys or () if not k.startswith("-")]
-        remove = [k[1:] for k in volatile_keys or () if k.startswith("-") and len(k) > 1]
-        if mp is not ...:
-            policy = policy.evolve(max_period=mp)
-        if window is not None and threshold is None and policy.threshold > window:
-            abort_plain(
-                f"--window {window} is below the policy's threshold ({policy.threshold}), so "
-                "the repetition rule could never trip; pass --threshold too"
-            )
-        return apply_overrides(
-            policy,
-            normalizer,
-            policy_changes=changes,
-            volatile_add=add,
-            volatile_remove=remove,
-            polling_tools=polling_tools or (),
-        )
-    except ConfigError as exc:
-        abort_plain(f"invalid policy: {exc}")
+    """The policy and normalizer of :func:`resolve_config` (the replay commands need these)."""
+    loaded = resolve_config(
+        config=config,
+        policy_file=policy_file,
+        preset=preset,
+        window=window,
+        threshold=threshold,
+        key=key,
+        max_period=max_period,
+        min_repeats=min_repeats,
+        volatile_keys=list(volatile_keys) if volatile_keys else None,
+        polling_tools=list(polling_tools) if polling_tools else None,
+    )
+    return loaded.policy, loaded.normalizer
 
 
 def report_problems(problems: Sequence[Problem], *, as_warnings: bool) -> int:

@@ -8,15 +8,25 @@ from typing import Annotated
 import typer
 
 from tripwire.cli import app
-from tripwire.cli._common import EXIT_DETECTED, EXIT_USAGE, err_console, out_console
+from tripwire.cli._common import (
+    EXIT_DETECTED,
+    EXIT_NO_INPUT,
+    EXIT_USAGE,
+    err_console,
+    out_console,
+    print_table,
+)
 from tripwire.cli._replay_options import (
+    ConfigPath,
     JsonOut,
+    MaxFileSize,
     Paths,
     PolicyPath,
     PolicyPreset,
     PollingTools,
     VolatileKeys,
     abort_plain,
+    parse_size,
     reading_progress,
     report_problems,
     resolve_policy,
@@ -40,7 +50,7 @@ _HELP = "\n\n".join(
         "stopping there saves). ★ marks the Pareto front, → the recommendation: the most "
         "catches with false alarms under --max-false-alarms.",
         "Exit codes: 0 OK; 1 no policy meets the false-alarm cap; 2 a usage error or "
-        "unreadable input (unless --keep-going).",
+        "unreadable input (unless --keep-going); 3 no trace at all in the input.",
     )
 )
 
@@ -155,6 +165,7 @@ def calibrate(
             help="Longest cycles to try, or 'off'. Default: off,3,6 and the base policy's.",
         ),
     ] = None,
+    config: ConfigPath = None,
     policy_file: PolicyPath = None,
     policy_preset: PolicyPreset = None,
     volatile_key: VolatileKeys = None,
@@ -167,12 +178,13 @@ def calibrate(
         ),
     ] = 0.02,
     json_out: JsonOut = False,
+    max_file_size: MaxFileSize = None,
     plot: Annotated[
         str | None,
         typer.Option(
             "--plot", envvar="TRIPWIRE_PLOT", metavar="FILE.png", show_default=False,
-            help="Draw catch rate vs false-alarm rate, Pareto front highlighted (needs "
-            "pip install 'tripwire[plot]').",
+            help="Draw catch rate vs false-alarm rate, Pareto front highlighted, to a .png, "
+            ".svg or .pdf file (needs pip install 'tripwire[plot]').",
         ),
     ] = None,
     workers: Annotated[
@@ -203,7 +215,11 @@ def calibrate(
     from tripwire.replay.calibrate import calibrate as run_grid
     from tripwire.replay.engine import load_traces
 
+    if plot is not None:
+        _check_plot(plot)  # before the grid runs, not after
+    max_bytes = parse_size("--max-file-size", max_file_size)
     base, normalizer = resolve_policy(
+        config=config,
         policy_file=policy_file,
         preset=policy_preset,
         volatile_keys=volatile_key,
@@ -229,8 +245,14 @@ def calibrate(
     except ConfigError as exc:
         abort_plain(str(exc))
     with reading_progress(paths) as on_file:
-        loaded = load_traces(paths, normalizer, on_file=on_file)
+        loaded = load_traces(paths, normalizer, on_file=on_file, max_file_bytes=max_bytes)
     n_errors = report_problems([*label_set.problems, *loaded.problems], as_warnings=keep_going)
+    if not loaded.traces:
+        abort_plain(
+            "no trace could be read; check the paths and formats above" if n_errors else
+            f"no traces in the input ({loaded.files} file(s) read); check the paths",
+            code=EXIT_USAGE if n_errors else EXIT_NO_INPUT,
+        )
     labelled, unmatched = assign_labels(loaded.traces, label_set)
     n_inc = sum(1 for x in labelled if x.label.incident)
     n_ok = len(labelled) - n_inc
@@ -308,6 +330,28 @@ def calibrate(
         )
 
 
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+"""The file types ``--plot`` writes (told by the extension)."""
+
+
+def _check_plot(path: str) -> None:
+    """Refuse a ``--plot`` target that cannot be written, before any work is done."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in PLOT_FORMATS:
+        what = f"has the extension {ext!r}" if ext else "has no extension"
+        abort_plain(
+            f"--plot {path} {what}; name the file with one of {', '.join(PLOT_FORMATS)} "
+            f"(for example {os.path.splitext(path)[0] or 'tradeoff'}.png)"
+        )
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        abort_plain("--plot needs matplotlib, which is not installed: pip install 'tripwire[plot]'")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        abort_plain(f"--plot {path}: the folder {folder} does not exist")
+
+
 def _table(result: object, order: list[int]) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -350,7 +394,7 @@ def _table(result: object, order: list[int]) -> None:
             f"{s.saved_share:.0%}",
             style=style,
         )
-    out_console.print(table)
+    print_table(table)
     first = result.scores[0]
     out_console.print(
         f"caught: of {first.incidents} incidents · flagged ok: false alarms, of {first.healthy} "

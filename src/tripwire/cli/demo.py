@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from tripwire.cli import app
-from tripwire.cli._common import abort, out_console
+from tripwire.cli._common import abort, out_console, print_table
 from tripwire.core.reasons import Verdict
 
 _STYLE = {
@@ -23,12 +23,24 @@ def demo(
     max_iterations: int = typer.Option(
         10, "--max-iterations", min=1, help="The flat cap to compare against."
     ),
+    serve: bool = typer.Option(
+        False, "--serve", help="Instead: start tripwire serve with a simulated fleet sending it OTLP, and print the dashboard's address (needs the serve extra)."
+    ),
+    port: int = typer.Option(4318, min=1, max=65535, help="With --serve: the port (on 127.0.0.1)."),
+    duration: float | None = typer.Option(None, min=1, help="With --serve: stop after this many seconds (default: run until Ctrl-C)."),
 ) -> None:
     """Play seven scripted agents through tripwire's core and through a flat max_iterations cap.
 
     Runs offline in well under a second: no model, no network, no server. The kill switch
     stops a run at its first `stuck` verdict; every other verdict lets the run go on.
+
+    With --serve: the fleet service on a fresh embedded SQLite store, fed real OTLP by a
+    simulated fleet (looping, healthy, and over-budget agents that really stop when flagged),
+    with the dashboard at http://127.0.0.1:PORT/.
     """
+    if serve:
+        _serve_demo(port, duration)
+        return
     from tripwire.demo import play_all
 
     try:
@@ -57,7 +69,7 @@ def demo(
             _cell(o.tripwire_stop, tw_w, tw_c),
             f"[{_STYLE[o.verdict]}]{o.verdict.value}[/]: {o.reason}",
         )
-    out_console.print(table)
+    print_table(table)
     out_console.print(
         f"[bold]flat cap:[/] {totals['cap_wasted']} calls wasted in loops, "
         f"{totals['cap_cut']} useful calls cut off.   "
@@ -80,3 +92,59 @@ def _cell(stop: int | None, wasted: int, cut: int) -> str:
     if not wasted and not cut:
         text += "\n[green]at the loop[/]"
     return text
+
+
+def _serve_demo(port: int, duration: float | None) -> None:
+    import secrets
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    try:
+        import uvicorn
+
+        from tripwire.core.budget import Limits
+        from tripwire.serve import ServeConfig, Service, create_app
+        from tripwire.serve.demo import run_fleet
+        from tripwire.store.runs import RunStore
+    except ImportError as exc:
+        abort(f"tripwire demo --serve needs the serve extra: pip install -e '.[serve]' ({exc.name} is missing)")
+    token = secrets.token_urlsafe(24)
+    folder = Path(tempfile.mkdtemp(prefix="tripwire-demo-"))
+    store_url = f"sqlite:///{folder / 'runs.db'}"
+    config = ServeConfig(
+        store_url=store_url, tokens=(token,), limits=Limits(max_tool_calls=50), reorder_s=0.1
+    )
+    store = RunStore.open(store_url)
+    service = Service(config, store=store)
+    app_ = create_app(config, service=service)
+    server = uvicorn.Server(uvicorn.Config(app_, host="127.0.0.1", port=port, log_level="warning"))
+    stop = threading.Event()
+    url = f"http://127.0.0.1:{port}"
+
+    def fleet() -> None:
+        while not server.started and not stop.is_set():
+            stop.wait(0.05)
+        run_fleet(url, token, stop)
+
+    def timer() -> None:
+        if duration is not None and not stop.wait(duration):
+            server.should_exit = True
+
+    out_console.print(
+        f"[bold]tripwire serve[/] with a simulated fleet: dashboard at [bold]{url}/[/] "
+        f"(sign in with the token [bold]{token}[/]); run store {store_url}; Ctrl-C stops it.",
+        soft_wrap=True,
+    )
+    threads = [threading.Thread(target=fleet, daemon=True), threading.Thread(target=timer, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        server.run()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+        import tripwire.remote
+
+        tripwire.remote.disconnect()

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
-from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from tripwire.cli import app
-from tripwire.cli._common import abort, out_console
+from tripwire.cli._common import abort, out_console, print_table
 from tripwire.core.receipt import Health, StopReceipt, classify
 from tripwire.errors import InputError
 
@@ -31,20 +33,48 @@ _STATE_STYLES = {
 }
 
 
+MAX_RECEIPT_BYTES = 16 * 1024 * 1024
+"""A stop receipt is a few KiB; a larger file is not one (and is not read into memory)."""
+
+
+def _read(path: str, source: str) -> bytes:
+    if path == "-":
+        raw = sys.stdin.buffer.read(MAX_RECEIPT_BYTES + 1)
+    else:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
+        except FileNotFoundError:
+            abort(f"cannot read {source}: no such file. Pass the path of a stop receipt (JSON).")
+        except IsADirectoryError:
+            abort(f"cannot read {source}: it is a directory, not a stop receipt file.")
+        except OSError as exc:
+            abort(f"cannot read {source}: {exc.strerror or exc}. Check the path and permissions.")
+        with os.fdopen(fd, "rb", buffering=0) as fh:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                abort(f"cannot read {source}: it is a directory, not a stop receipt file.")
+            if not stat.S_ISREG(mode):
+                abort(f"cannot read {source}: not a regular file (a FIFO or a device).")
+            try:
+                raw = fh.read(MAX_RECEIPT_BYTES + 1)
+            except OSError as exc:
+                abort(f"cannot read {source}: {exc.strerror or exc}.")
+    if len(raw) > MAX_RECEIPT_BYTES:
+        abort(f"{source} is larger than {MAX_RECEIPT_BYTES >> 20} MiB, so it is not a stop receipt.")
+    return raw
+
+
 def _load(path: str) -> StopReceipt:
     source = "<stdin>" if path == "-" else path
-    try:
-        raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-    except FileNotFoundError:
-        abort(f"cannot read {source}: no such file. Pass the path of a stop receipt (JSON).")
-    except IsADirectoryError:
-        abort(f"cannot read {source}: it is a directory, not a stop receipt file.")
-    except OSError as exc:
-        abort(f"cannot read {source}: {exc.strerror or exc}. Check the path and permissions.")
+    raw = _read(path, source)
     try:
         return StopReceipt.from_json(raw, source=source)
     except InputError as exc:
-        abort(f"{exc}. The file must be a tripwire stop receipt (StopReceipt.to_json()).")
+        abort(f"{escape(str(exc))}. The file must be a tripwire stop receipt (StopReceipt.to_json()).")
+    except RecursionError:
+        abort(f"{escape(source)}: the JSON is nested too deeply to be a stop receipt.")
+    except (ValueError, OverflowError) as exc:  # a number beyond what a receipt can hold
+        abort(f"{escape(source)}: not a valid stop receipt ({escape(str(exc)[:200])}).")
 
 
 def _facts(receipt: StopReceipt) -> list[tuple[str, str]]:
@@ -97,7 +127,7 @@ def _render(receipt: StopReceipt, health: Health) -> None:
     for key, value in _facts(receipt):
         table.add_row(key, Text(value))
     out_console.print()
-    out_console.print(table)
+    print_table(table)
 
 
 @app.command(
@@ -130,11 +160,16 @@ def explain(
     Exit code 0 when the receipt was read (whatever the state), 2 when it could not be.
     """
     receipt = _load(receipt_file)
-    health = classify(receipt, now=now)
-    if as_json:
-        payload: dict[str, Any] = {"run_id": receipt.run_id, "agent": receipt.agent}
-        payload.update(health.to_dict())
-        typer.echo(json.dumps(payload, ensure_ascii=False))
-        return
-    _render(receipt, health)
+    try:
+        health = classify(receipt, now=now)
+        if as_json:
+            payload: dict[str, Any] = {"run_id": receipt.run_id, "agent": receipt.agent}
+            payload.update(health.to_dict())
+            typer.echo(json.dumps(payload, ensure_ascii=False))
+            return
+        _render(receipt, health)
+    except (ValueError, OverflowError, RecursionError) as exc:
+        # A receipt whose values parse but cannot be shown (an integer of thousands of digits).
+        abort(f"{escape(receipt_file)}: the receipt holds a value that cannot be shown "
+              f"({type(exc).__name__}); it was not written by tripwire as it is.")
 

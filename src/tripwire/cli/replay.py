@@ -10,10 +10,19 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tripwire.cli import app
-from tripwire.cli._common import EXIT_DETECTED, EXIT_USAGE, err_console, out_console
+from tripwire.cli._common import (
+    EXIT_DETECTED,
+    EXIT_NO_INPUT,
+    EXIT_USAGE,
+    err_console,
+    out_console,
+    print_table,
+)
 from tripwire.cli._replay_options import (
+    ConfigPath,
     JsonOut,
     Key,
+    MaxFileSize,
     MaxPeriod,
     MinRepeats,
     Paths,
@@ -24,6 +33,7 @@ from tripwire.cli._replay_options import (
     VolatileKeys,
     Window,
     abort_plain,
+    parse_size,
     reading_progress,
     report_problems,
     resolve_policy,
@@ -59,7 +69,8 @@ _HELP = "\n\n".join(
         "never the arguments) and how many calls came after. The policy comes from a preset, "
         "then a policy file, then the options.",
         "Exit codes: 0 OK; 1 a trace ended with a --fail-on verdict; 2 a usage error or "
-        "unreadable input (unless --keep-going).",
+        "unreadable input (unless --keep-going); 3 no trace at all in the input (an empty "
+        "directory, an exporter that wrote nothing).",
     )
 )
 
@@ -71,6 +82,7 @@ _HELP = "\n\n".join(
 )
 def replay(
     paths: Paths,
+    config: ConfigPath = None,
     policy_file: PolicyPath = None,
     policy_preset: PolicyPreset = None,
     window: Window = None,
@@ -81,6 +93,7 @@ def replay(
     volatile_key: VolatileKeys = None,
     polling_tool: PollingTools = None,
     json_out: JsonOut = False,
+    max_file_size: MaxFileSize = None,
     fail_on: Annotated[
         list[FailOn] | None,
         typer.Option(
@@ -110,6 +123,7 @@ def replay(
     from tripwire.replay.engine import load_traces, replay_trace
 
     policy, normalizer = resolve_policy(
+        config=config,
         policy_file=policy_file,
         preset=policy_preset,
         window=window,
@@ -120,11 +134,18 @@ def replay(
         volatile_keys=volatile_key,
         polling_tools=polling_tool,
     )
+    max_bytes = parse_size("--max-file-size", max_file_size)
     with reading_progress(paths) as on_file:
-        loaded = load_traces(paths, normalizer, on_file=on_file)
+        loaded = load_traces(paths, normalizer, on_file=on_file, max_file_bytes=max_bytes)
     n_errors = report_problems(loaded.problems, as_warnings=keep_going)
     if not loaded.traces and n_errors:
         abort_plain("no trace could be read; check the paths and formats above (see docs/replay.md)")
+    if not loaded.traces:
+        abort_plain(
+            f"no traces in the input ({loaded.files} file(s) read, {loaded.spans} span(s)); "
+            "check the paths, and that the exporter wrote anything",
+            code=EXIT_NO_INPUT,
+        )
 
     results = [
         replay_trace(t, policy) for t in loaded.traces if not (skip_empty and not t.calls)
@@ -134,7 +155,9 @@ def replay(
 
         encode = msgspec.json.encode
         for r in results:
-            typer.echo(encode(r.to_json()).decode())
+            obj = r.to_json()
+            obj["sources"] = list(r.sources)  # join verdicts to a per-file labels file
+            typer.echo(encode(obj).decode())
     else:
         _table(results, policy.version, normalizer.version)
 
@@ -154,7 +177,7 @@ def replay(
                 code=EXIT_DETECTED,
             )
     if not results:
-        err_console.print("[dim]no traces in the input[/]")
+        err_console.print("[dim]no trace with a tool call in the input (--skip-empty)[/]")
 
 
 def _table(results: Sequence[TraceResult], policy_version: str, normalizer_version: str) -> None:
@@ -169,6 +192,7 @@ def _table(results: Sequence[TraceResult], policy_version: str, normalizer_versi
         show_lines=False,
     )
     table.add_column("trace", no_wrap=True)
+    table.add_column("file", overflow="fold")
     table.add_column("agent", overflow="fold")
     table.add_column("calls", justify="right", no_wrap=True)
     table.add_column("verdict", no_wrap=True, min_width=9)
@@ -200,8 +224,12 @@ def _table(results: Sequence[TraceResult], policy_version: str, normalizer_versi
         verdict = Text(r.verdict.value, style=_VERDICT_STYLES.get(r.verdict.value, ""))
         if not r.arguments_seen and r.tool_calls:
             verdict.append(" (no args)", style="dim")
+        files = r.sources[0] if r.sources else "—"
+        if len(r.sources) > 1:
+            files += f" +{len(r.sources) - 1}"
         table.add_row(
             Text(r.trace_id[:12]),
+            Text(files),
             Text(r.agent or "—", style="" if r.agent else "dim"),
             str(r.tool_calls),
             verdict,
@@ -209,7 +237,7 @@ def _table(results: Sequence[TraceResult], policy_version: str, normalizer_versi
             repeated,
             after_text,
         )
-    out_console.print(table)
+    print_table(table)
     parts = [f"{len(results)} trace(s)", f"{calls} tool call(s)"]
     parts += [f"{verdicts[v]} {v}" for v in ("stuck", "uncertain", "retrying", "waiting", "working") if verdicts[v]]
     parts.append(f"{tripped} tripped stuck at some point")

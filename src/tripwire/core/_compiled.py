@@ -1,10 +1,11 @@
 """The optional compiled accelerator, ``tripwire.core._speedups`` (``_speedups.c``).
 
-It is built by ``pip install`` when a C compiler is at hand and speeds up the loop watcher's
-per-call bookkeeping, the signature of JSON arguments, and the span processor's mapping of the
-common tool span; the Python code it stands in for stays the reference, and the verdicts,
-signatures and tool calls are the same either way. Set
-``TRIPWIRE_NO_EXTENSIONS=1`` to run without it.
+It is built by ``pip install`` when a C compiler is at hand and holds two stateless leaf
+functions of :mod:`tripwire.core.signature`: the canonical bytes of a tool call's arguments (the
+volatile-key walk included) and the volatile-key check of decoded JSON. Each has a Python twin
+that stays the reference; signatures are the same either way, and the loop watcher and every
+rule are Python only. Set ``TRIPWIRE_NO_EXTENSIONS=1`` to run without it (CI runs the whole
+suite both ways).
 """
 
 from __future__ import annotations

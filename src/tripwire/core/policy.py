@@ -50,14 +50,31 @@ class ResultEvidence(str, Enum):
     """Any tool's result: the same call giving a new result is new evidence."""
 
 
-def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(name, value, f"an integer >= {minimum}")
+MAX_WINDOW: Final = 10_000
+"""The largest ``window`` (the per-run rings hold this many entries)."""
+MAX_COUNT: Final = 1_000_000
+"""The largest count any other limit accepts: beyond it a rule could never trip in a real run."""
+MAX_SECONDS: Final = 1e9
+"""The longest interval or tolerance a retry policy accepts (about 31 years)."""
 
 
-def _non_negative(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ConfigError(name, value, "a number >= 0")
+def _positive_int(name: str, value: Any, minimum: int = 1, maximum: int = MAX_COUNT) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
+        raise ConfigError(name, value, f"an integer from {minimum} to {maximum:,}")
+
+
+def _non_negative(name: str, value: Any, maximum: float = MAX_SECONDS) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= maximum:
+        raise ConfigError(name, value, f"a number from 0 to {maximum:g}")
+
+
+def _names(name: str, value: Any) -> frozenset[str]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError(name, value, "a set of tool or error names (strings)")
+    names = frozenset(value)
+    if not all(isinstance(n, str) for n in names):
+        raise ConfigError(name, sorted(map(repr, names)), "a set of tool or error names (strings)")
+    return names
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,12 +100,12 @@ class RetryPolicy:
     """How much shorter than the schedule an observed gap may be (clock jitter)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "errors", frozenset(self.errors))
+        object.__setattr__(self, "errors", _names("RetryPolicy.errors", self.errors))
         _positive_int("RetryPolicy.max_attempts", self.max_attempts)
         _non_negative("RetryPolicy.interval_s", self.interval_s)
         _non_negative("RetryPolicy.tolerance_s", self.tolerance_s)
-        if isinstance(self.backoff_rate, bool) or not isinstance(self.backoff_rate, (int, float)) or not self.backoff_rate >= 1:
-            raise ConfigError("RetryPolicy.backoff_rate", self.backoff_rate, "a number >= 1")
+        if isinstance(self.backoff_rate, bool) or not isinstance(self.backoff_rate, (int, float)) or not 1 <= self.backoff_rate <= 1000:
+            raise ConfigError("RetryPolicy.backoff_rate", self.backoff_rate, "a number from 1 to 1000")
 
     def covers(self, error_type: str | None, retryable: bool | None) -> bool:
         """True when a failure with this error class / retryable flag is one this policy retries."""
@@ -180,7 +197,7 @@ class LoopPolicy:
     comparisons (:func:`tripwire.core.rules.trip_limits`)."""
 
     def __post_init__(self) -> None:
-        _positive_int("window", self.window)
+        _positive_int("window", self.window, 1, MAX_WINDOW)
         _positive_int("threshold", self.threshold, 2)
         if self.threshold > self.window:
             raise ConfigError(
@@ -195,7 +212,7 @@ class LoopPolicy:
         except ValueError:
             raise ConfigError("result_evidence", self.result_evidence, "'off', 'polling' or 'all'") from None
         if self.max_period is not None:
-            _positive_int("max_period", self.max_period, 2)
+            _positive_int("max_period", self.max_period, 2, 1000)
         _positive_int("min_repeats", self.min_repeats, 2)
         if self.same_error is not None:
             _positive_int("same_error", self.same_error, 2)
@@ -203,7 +220,7 @@ class LoopPolicy:
             _positive_int("same_result", self.same_result, 2)
         if self.revisit is not None:
             _positive_int("revisit", self.revisit, 2)
-        _positive_int("revisit_memory", self.revisit_memory)
+        _positive_int("revisit_memory", self.revisit_memory, 1, MAX_WINDOW)
         for name in ("revisit_share", "failure_share"):
             share = getattr(self, name)
             if share is not None and (
@@ -214,7 +231,9 @@ class LoopPolicy:
             raise ConfigError("name_only", self.name_only, "'uncertain' or 'stuck'")
         _positive_int("max_lease_renewals", self.max_lease_renewals, 0)
         _positive_int("confirm", self.confirm)
-        object.__setattr__(self, "polling_tools", frozenset(self.polling_tools))
+        object.__setattr__(self, "polling_tools", _names("polling_tools", self.polling_tools))
+        if not isinstance(self.retry_per_tool, Mapping):
+            raise ConfigError("retry_per_tool", self.retry_per_tool, "a mapping of tool name to RetryPolicy")
         for tool, rp in self.retry_per_tool.items():
             if not isinstance(rp, RetryPolicy):
                 raise ConfigError(f"retry_per_tool[{tool!r}]", rp, "a RetryPolicy")
@@ -263,7 +282,7 @@ class LoopPolicy:
         """A named preset: ``default`` or ``seed`` (see :data:`PRESETS`)."""
         try:
             return PRESETS[name]
-        except KeyError:
+        except (KeyError, TypeError):
             raise ConfigError("preset", name, f"one of {sorted(PRESETS)}") from None
 
     @classmethod

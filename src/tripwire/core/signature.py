@@ -252,6 +252,10 @@ class Signature(msgspec.Struct, frozen=True):
 _DIGITS: Final = b"0123456789"
 
 _SEEDS_MAX: Final = 4096
+"""Entries per module-level cache (a pure cache: emptied when full, correct when empty)."""
+_CACHED_NAME_MAX: Final = 256
+"""Tool names longer than this are never cached: each cache holds at most ``_SEEDS_MAX`` names
+of at most this many characters, so a run of huge distinct names cannot grow memory."""
 _JSON_SEEDS: Final[dict[str, int]] = {}
 _TEXT_SEEDS: Final[dict[str, int]] = {}
 _RAW_SEEDS: Final[dict[str, int]] = {}
@@ -277,40 +281,39 @@ def _seed(tool: str, kind: ArgsKind) -> int:
         seeds = _ABSENT_SEEDS
     seed = seeds.get(tool)
     if seed is None:
-        if len(seeds) >= _SEEDS_MAX:
-            seeds.clear()  # a pure cache: bounded, and correct when emptied
-        seed = seeds[tool] = _xxh3_64(
-            tool.encode("utf-8", "surrogatepass") + b"\x00" + kind.value.encode() + b"\x00"
-        )
+        seed = _xxh3_64(tool.encode("utf-8", "surrogatepass") + b"\x00" + kind.value.encode() + b"\x00")
+        if len(tool) <= _CACHED_NAME_MAX:
+            if len(seeds) >= _SEEDS_MAX:
+                seeds.clear()  # a pure cache: bounded, and correct when emptied
+            seeds[tool] = seed
     return seed
 
 
-def _hash(tool: str, kind: ArgsKind, payload: bytes) -> int:
-    """XXH3-128 of ``payload``, seeded by ``tool`` and ``kind``."""
-    return _xxh3_128(payload, _seed(tool, kind))
 
 
 _DECODE_ERRORS: Final = (msgspec.DecodeError, RecursionError, ValueError)
 """What :meth:`Normalizer.signature` catches from the JSON decoder (the text is then TEXT)."""
 
+_canonical: Final = getattr(speedups(), "canonical", None)
+"""The compiled twin of ``_encode(normalizer._normalize(obj))`` (``None`` without the
+accelerator): ``(obj, volatile_keys) -> bytes``, or ``None`` for the values it leaves to the
+Python path (see ``_speedups.c``)."""
 
-def _bind_json_signature() -> Any:
-    """The compiled twin of :meth:`Normalizer.signature`'s JSON path, bound to this module's
-    decoder, encoder, hash and seeds; ``None`` without the accelerator."""
-    compiled = speedups()
-    if compiled is None or not hasattr(compiled, "json_signature"):
-        return None
-    compiled.bind_signature(
-        _decode_json, _DECODE_ERRORS, _encode_msgpack, _xxh3_128, _seed, _JSON_SEEDS, _JSON,
-        Signature, _xxh3_128_hex, _RESULT_SEED,
-    )
-    return compiled.json_signature
+MIN_KEY_BYTES: Final = 16
+"""The shortest secret :class:`Normalizer` accepts as ``key``."""
 
 
-_json_signature: Final = _bind_json_signature()
-"""``(tool, text, keys, max_bytes) -> Signature | None``: the signature of JSON text holding an
-object or an array with no volatile key, computed as the Python path below computes it; ``None``
-for every other case (which the Python path answers)."""
+def _keyed_hash(key: bytes) -> Any:
+    """``(payload, seed) -> int``: a 128-bit keyed BLAKE2b of ``seed`` and ``payload``."""
+    blake2b = hashlib.blake2b
+    from_bytes = int.from_bytes
+
+    def hash128(payload: bytes, seed: int) -> int:
+        h = blake2b(seed.to_bytes(8, "little"), key=key, digest_size=16)
+        h.update(payload)
+        return from_bytes(h.digest(), "big")
+
+    return hash128
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,8 +327,16 @@ class Normalizer:
     """Keys dropped at every depth of the arguments."""
     max_bytes: int = MAX_CANONICAL_BYTES
     """Arguments above this many bytes are hashed as raw bytes (``ArgsKind.RAW``)."""
+    key: bytes | None = field(default=None, repr=False)
+    """A secret (at least 16 bytes) that keys every digest: keyed BLAKE2b instead of XXH3.
+    ``None`` (default): digests are unkeyed, so anyone can recompute the digest of a guessed
+    value (a 6-digit PIN is found in seconds). Use the same key in every process of a fleet,
+    or their signatures will not match. Never shown in ``repr`` or :attr:`version`."""
     version: str = field(init=False, compare=False)
-    """Names the scheme, the volatile keys and the cap: record it with every verdict."""
+    """Names the scheme, the volatile keys, the cap, and whether digests are keyed (with a
+    fingerprint of the key, never the key): record it with every verdict."""
+    _hash128: Any = field(init=False, compare=False, repr=False)
+    """``(payload, seed) -> int``: XXH3-128, or keyed BLAKE2b when :attr:`key` is set."""
     _needles: tuple[str, ...] = field(init=False, compare=False, repr=False)
     _needle_re: re.Pattern[str] = field(init=False, compare=False, repr=False)
     _needle_re_b: re.Pattern[bytes] = field(init=False, compare=False, repr=False)
@@ -334,13 +345,30 @@ class Normalizer:
 
     def __post_init__(self) -> None:
         if not isinstance(self.volatile_keys, frozenset):
+            if isinstance(self.volatile_keys, (str, bytes)) or not isinstance(self.volatile_keys, Iterable):
+                raise ConfigError("volatile_keys", self.volatile_keys, "a set of non-empty strings")
             object.__setattr__(self, "volatile_keys", frozenset(self.volatile_keys))
         if not all(isinstance(k, str) and k for k in self.volatile_keys):
             raise ConfigError("volatile_keys", sorted(map(repr, self.volatile_keys)), "non-empty strings")
-        if not isinstance(self.max_bytes, int) or self.max_bytes < 64:
-            raise ConfigError("max_bytes", self.max_bytes, "an integer >= 64")
+        if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or not 64 <= self.max_bytes <= 1 << 30:
+            raise ConfigError("max_bytes", self.max_bytes, "an integer from 64 to 2**30")
+        key = self.key
+        if key is not None:
+            if isinstance(key, (bytearray, memoryview)):
+                key = bytes(key)
+                object.__setattr__(self, "key", key)
+            if not isinstance(key, bytes) or not MIN_KEY_BYTES <= len(key) <= 64:
+                # Never echo a secret: name its type and length only.
+                shown = f"<{type(key).__name__} of {len(key)} bytes>" if isinstance(key, bytes) else f"<{type(key).__name__}>"
+                raise ConfigError("key", shown, f"bytes, {MIN_KEY_BYTES} to 64 of them, or None")
         keys_digest = hashlib.sha256("\x00".join(sorted(self.volatile_keys)).encode()).hexdigest()[:8]
         version = f"{NORMALIZER_SCHEME}+vk.{keys_digest}+cap.{self.max_bytes}"
+        if key is None:
+            object.__setattr__(self, "_hash128", _xxh3_128)
+        else:
+            fingerprint = hashlib.blake2b(b"tripwire key fingerprint", key=key, digest_size=4).hexdigest()
+            version += f"+keyed.{fingerprint}"
+            object.__setattr__(self, "_hash128", _keyed_hash(key))
         object.__setattr__(self, "version", version)
         # A volatile key can only be present if its quoted form occurs in the JSON text: a cheap
         # scan lets the common case skip the Python-level walk entirely. One regex whose literal
@@ -361,6 +389,10 @@ class Normalizer:
         object.__setattr__(self, "_needle_re_b", re.compile(pattern.encode("utf-8", "surrogatepass")))
         object.__setattr__(self, "_escapes", tuple(escapes))
         object.__setattr__(self, "_escapes_b", tuple(e.encode() for e in escapes))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its fields: the derived ones (the keyed hash is a closure) are not pickled.
+        return (Normalizer, (self.volatile_keys, self.max_bytes, self.key))
 
     def _may_hold_volatile(self, raw: str | bytes) -> bool:
         """True when the JSON text ``raw`` may hold a volatile key (so it must be walked)."""
@@ -481,7 +513,7 @@ class Normalizer:
     ) -> Normalizer:
         """A normalizer with volatile keys added and/or removed."""
         keys = (self.volatile_keys | frozenset(add)) - frozenset(remove)
-        return Normalizer(volatile_keys=keys, max_bytes=self.max_bytes)
+        return Normalizer(volatile_keys=keys, max_bytes=self.max_bytes, key=self.key)
 
     # -- signatures -------------------------------------------------------------------------
 
@@ -494,18 +526,19 @@ class Normalizer:
                 when the emitter recorded none. Other values are canonicalized like JSON
                 values (lists, numbers, ``None``…).
 
-        Never raises for any argument value: hostile input gets a defined signature.
+        Raises:
+            ConfigError: ``tool`` is not a string. Never raises for any argument value:
+                hostile input gets a defined signature.
         """
-        if _json_signature is not None and type(arguments) is str:
-            sig = _json_signature(tool, arguments, self.volatile_keys, self.max_bytes)
-            if sig is not None:
-                return sig  # type: ignore[no-any-return]
-        return self._python_signature(tool, arguments)
-
-    def _python_signature(self, tool: str, arguments: Any) -> Signature:
-        """:meth:`signature` without the compiled JSON path: the reference, and what a caller
-        asks once the compiled path has declined (so as not to decode and walk twice)."""
-        if type(arguments) is str:
+        if type(tool) is not str and not isinstance(tool, str):
+            raise ConfigError("tool", tool, "the tool's name, a str")
+        t = type(arguments)
+        if t is dict and _canonical is not None:
+            # The common case from agent loops and frameworks: one compiled pass.
+            payload = _canonical(arguments, self.volatile_keys)
+            if payload is not None:
+                return Signature(tool, self._hash128(payload, _seed(tool, _JSON)), _JSON)
+        elif t is str:
             # The hot path (a JSON string, as traces and LLMs give arguments), inlined: the
             # steps of _canonical_text, minus a few calls and, for ASCII text (whose length is
             # its size in bytes), minus the copy to bytes: msgspec reads the str in place.
@@ -518,39 +551,53 @@ class Normalizer:
                 try:
                     obj = _decode_json(arguments)
                 except _DECODE_ERRORS:
-                    return Signature(tool, _hash(tool, _TEXT, arguments.encode()), _TEXT)
-                t = type(obj)
-                if t is dict or t is list:
-                    if len(arguments) < _SCAN_BELOW and _volatile_free is None:
-                        # _holds_no_volatile() for short text, inlined: the regex scan.
-                        if self._needle_re.search(arguments) is not None or (
-                            "\\" in arguments and any(e in arguments for e in self._escapes)
-                        ):
-                            obj = self._strip(obj)
-                    elif not self._holds_no_volatile(obj, arguments):
-                        obj = self._strip(obj)
-                try:
-                    payload = _encode_msgpack(obj)
-                except Exception:  # the rare values MessagePack cannot hold
-                    kind, payload = self._canonical_decoded(obj, arguments.encode())
-                else:
-                    seed = _JSON_SEEDS.get(tool)
-                    if seed is None:
-                        seed = _seed(tool, _JSON)
-                    return Signature(tool, _xxh3_128(payload, seed), _JSON)
-            else:
-                kind, payload = self._canonical_text(arguments)
-        else:
-            kind, payload = self.canonical(arguments)
-        return Signature(tool, _hash(tool, kind, payload), kind)
+                    return self._signature(tool, _TEXT, arguments.encode())
+                return self._decoded_signature(tool, obj, arguments)
+            return self._signature(tool, *self._canonical_text(arguments))
+        return self._signature(tool, *self.canonical(arguments))
+
+    def _decoded_signature(self, tool: str, obj: Any, text: str) -> Signature:
+        """The signature of JSON ``text`` (ASCII, at most the cap) that decoded to ``obj``."""
+        t = type(obj)
+        if t is dict or t is list:
+            if _canonical is not None:
+                payload = _canonical(obj, self.volatile_keys)
+                if payload is not None:
+                    return Signature(tool, self._hash128(payload, _seed(tool, _JSON)), _JSON)
+            if len(text) < _SCAN_BELOW and _volatile_free is None:
+                # _holds_no_volatile() for short text, inlined: the regex scan.
+                if self._needle_re.search(text) is not None or (
+                    "\\" in text and any(e in text for e in self._escapes)
+                ):
+                    obj = self._strip(obj)
+            elif not self._holds_no_volatile(obj, text):
+                obj = self._strip(obj)
+        try:
+            payload = _encode_msgpack(obj)
+        except Exception:  # the rare values MessagePack cannot hold
+            return self._signature(tool, *self._canonical_decoded(obj, text.encode()))
+        return Signature(tool, self._hash128(payload, _seed(tool, _JSON)), _JSON)
+
+    def _signature(self, tool: str, kind: ArgsKind, payload: bytes) -> Signature:
+        return Signature(tool, self._hash128(payload, _seed(tool, kind)), kind)
 
     def tool_signature(self, tool: str) -> Signature:
-        """The name-only signature of ``tool`` (what the ``tool`` key mode compares)."""
+        """The name-only signature of ``tool`` (what the ``tool`` key mode compares).
+
+        Raises:
+            ConfigError: ``tool`` is not a string.
+        """
+        if self.key is not None:
+            return self._signature(tool, _ABSENT_KIND, b"")
         key = _TOOL_KEYS.get(tool)
         if key is None:
-            if len(_TOOL_KEYS) >= _SEEDS_MAX:
-                _TOOL_KEYS.clear()  # a pure cache: bounded, and correct when emptied
-            key = _TOOL_KEYS[tool] = _hash(tool, _ABSENT_KIND, b"")
+            if not isinstance(tool, str):
+                raise ConfigError("tool", tool, "the tool's name, a str")
+            key = _xxh3_128(b"", _seed(tool, _ABSENT_KIND))
+            if len(tool) <= _CACHED_NAME_MAX:
+                if len(_TOOL_KEYS) >= _SEEDS_MAX:
+                    _TOOL_KEYS.clear()  # a pure cache: bounded, and correct when emptied
+                _TOOL_KEYS[tool] = key
         return Signature(tool, key, _ABSENT_KIND)
 
     def canonical(self, value: Any) -> tuple[ArgsKind, bytes]:
@@ -567,7 +614,7 @@ class Normalizer:
     def digest(self, value: Any) -> str:
         """A 128-bit hex digest of a value normalized like arguments."""
         kind, payload = self.canonical(value)
-        return f"{_hash('', kind, payload):032x}"
+        return f"{self._hash128(payload, _seed('', kind)):032x}"
 
     def result_digest(self, value: Any) -> str:
         """The digest of a tool *result*, as progress evidence.
@@ -594,7 +641,10 @@ class Normalizer:
                     payload = _json_bytes(self._strip(obj))
         else:
             payload = _json_bytes(self._normalize(value))
-        return _xxh3_128_hex(payload.translate(None, _DIGITS), _RESULT_SEED)
+        payload = payload.translate(None, _DIGITS)
+        if self.key is not None:  # keyed: a digest of a guessable result must not reveal it
+            return f"{self._hash128(payload, _RESULT_SEED):032x}"
+        return _xxh3_128_hex(payload, _RESULT_SEED)
 
     def _parse(self, raw: bytes) -> Any:
         """The decoded JSON document ``raw`` (at most the cap), or ``_NOT_JSON``."""
@@ -764,7 +814,14 @@ _NOT_JSON: Final = _NotJson()
 def _key_text(key: Any) -> str:
     if isinstance(key, float):
         key = _float_token(key)
-    return str(key)
+    try:
+        return str(key)
+    except Exception:
+        # An integer too long for decimal text, or a key whose __str__ raises: the signature
+        # must not raise (issue 16).
+        if isinstance(key, int):
+            return f"\x00int:{key:x}"
+        return f"\x00{type(key).__qualname__}:<unprintable>"
 
 
 def _object_token(value: Any) -> str:

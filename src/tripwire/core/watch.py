@@ -536,6 +536,11 @@ def _judge(
     another (a repeated edit whose results changed once may still be part of a run that keeps
     revisiting the same results)."""
     limits = policy.trip_limits
+    if hits >= limits.threshold and prior is None:
+        held = _still_stuck(state, call, sig, hits, index, policy, normalizer)
+        if held is not None:
+            state.last_trip = index
+            return _set(state, held)
     trips: list[tuple[LoopRule, int, int]] = []
     tripped_groups: set[str] = set()
     for entry in RULES:
@@ -563,6 +568,71 @@ def _judge(
         if state.confirm_streak < policy.confirm:
             return None
     return _set(state, assessment)
+
+
+def _still_stuck(
+    state: RunState,
+    call: ToolCall,
+    sig: Signature,
+    hits: int,
+    index: int,
+    policy: LoopPolicy,
+    normalizer: Normalizer,
+) -> Assessment | None:
+    """The repetition verdict of a run that repeats the call that made it stuck, without the
+    evidence checks, when they cannot answer differently; else ``None`` (decide in full).
+
+    The previous call tripped the repetition rule with the same key and was ``stuck``: no lease,
+    no retry, no progress fingerprint, results unchanged. If this call has the same key and the
+    same result, no lease and no fingerprint in the run, the repeated calls' results can only
+    lose a value as the window slides, never gain a new one, so the verdict is ``stuck`` again.
+    This keeps a run that stays stuck O(1) per call instead of O(window).
+    """
+    current = state.current
+    if (
+        current is None
+        or current.verdict is not _STUCK
+        or current.call_index != index - 1
+        or current.limit != "threshold"
+        or current.tool != call.tool
+        or state.progress is not None
+        or call.lease is not None
+        or state.lease is not None
+        or policy.confirm > 1
+    ):
+        return None
+    window = policy.window
+    previous = (index - 2) % window
+    if state.keys[previous] != state.keys[(index - 1) % window]:
+        return None
+    results = state.results
+    if results is not None:
+        result = results[(index - 1) % window]
+        if result != results[previous] or (policy.require_evidence and not result):
+            return None
+    elif policy.require_evidence:
+        return None
+    entry = _REPETITION
+    return Assessment(
+        verdict=Verdict.STUCK,
+        rule=entry.rule,
+        tool=call.tool,
+        digest=sig.digest,
+        hits=hits,
+        period=1,
+        window=window,
+        call_index=index,
+        reason=f"{entry.describe(tool=call.tool, hits=hits, window=window)} with no new evidence",
+        arguments_seen=not sig.name_only,
+        policy_version=policy.version,
+        normalizer_version=normalizer.version,
+        limit=entry.limit,
+    )
+
+
+_REPETITION: Final = RULES[0]
+if _REPETITION.limit != "threshold":  # pragma: no cover - a table edit
+    raise AssertionError("the repetition rule must stay first in RULES")
 
 
 def _quiet(

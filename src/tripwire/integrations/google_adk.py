@@ -79,6 +79,7 @@ class TripwirePlugin(BasePlugin):
         limits: each invocation's budgets (default none: only count).
         loop_policy: the loop watcher's policy; ``None`` switches loop detection off.
         on_loop: ``"stop"`` (the kill switch, default) or ``"nudge"`` (one message first).
+        agent: the agent's name on receipts (default the root agent's ``name``).
         on_receipt: called once with each invocation's receipt (e.g. a store's ``save``).
         partial_answer: builds a partial answer from the run state when tripwire stops a run.
         name: the plugin's name in the Runner.
@@ -95,12 +96,16 @@ class TripwirePlugin(BasePlugin):
         *,
         loop_policy: LoopPolicy | None = DEFAULT_POLICY,
         on_loop: OnLoop | str = OnLoop.STOP,
+        agent: str | None = None,
         on_receipt: ReceiptSink | None = None,
         partial_answer: PartialAnswer | None = None,
         name: str = "tripwire",
         **guard_options: Any,
     ) -> None:
         super().__init__(name=name)
+        if agent is not None and (not isinstance(agent, str) or not agent):
+            raise ConfigError("agent", agent, "a non-empty agent name, or None")
+        self._agent = agent
         if "run_id" in guard_options:
             raise ConfigError("run_id", guard_options["run_id"], "one run id per run: not here")
         self._options: dict[str, Any] = dict(
@@ -115,7 +120,8 @@ class TripwirePlugin(BasePlugin):
         self._lock = threading.Lock()
         self._runs: dict[str, RunControl] = {}
         self._stopped: OrderedDict[str, StoppedRun] = OrderedDict()
-        self._refused: set[str | None] = set()
+        self._refused: set[tuple[str, str | None]] = set()
+        """(invocation, call id) of calls not run: ADK's after-tool callbacks see our dict."""
 
     # -- runs -------------------------------------------------------------------------------
 
@@ -123,7 +129,9 @@ class TripwirePlugin(BasePlugin):
         with self._lock:
             control = self._runs.get(invocation_id)
             if control is None:
-                control = self._runs[invocation_id] = new_run(agent=agent, **self._options)
+                control = self._runs[invocation_id] = new_run(
+                    agent=self._agent or agent, **self._options
+                )
             return control
 
     def stopped_run(self, invocation_id: str) -> StoppedRun | None:
@@ -140,16 +148,20 @@ class TripwirePlugin(BasePlugin):
         self._end(invocation_context.invocation_id)
 
     async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
-        self._end(invocation_context.invocation_id)
+        self._end(invocation_context.invocation_id, crashed=True)
 
-    def _end(self, invocation_id: str) -> None:
+    def _end(self, invocation_id: str, *, crashed: bool = False) -> None:
         with self._lock:
             control = self._runs.pop(invocation_id, None)
+            self._refused = {k for k in self._refused if k[0] != invocation_id}
         if control is None:
             return
         stopped = control.stopped
         if stopped is None:
-            control.finish()
+            if crashed:  # not completed: a receipt that does not claim how the run ended
+                control._emit()
+            else:
+                control.finish()
             return
         result = control.stop_result(stopped)
         with self._lock:
@@ -202,23 +214,30 @@ class TripwirePlugin(BasePlugin):
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any
     ) -> dict[str, Any] | None:
         control = self._control(tool_context.invocation_id)
+        stopped = control.stopped
+        if stopped is not None:  # a sibling in the batch of the call that stopped the run
+            return self._refuse(tool_context, self._stop_tool(tool_context, stopped))
         try:
             refusal = control.before_tool(tool.name, tool_args)
         except RunStopped as exc:
-            return self._stop_tool(tool_context, exc)
+            return self._refuse(tool_context, self._stop_tool(tool_context, exc))
         if refusal is not None:
-            # ADK runs the after-tool callbacks on this dict too: it is not the tool's result.
-            with self._lock:
-                self._refused.add(tool_context.function_call_id)
-            return {"result": refusal}
+            return self._refuse(tool_context, {"result": refusal})
         return None
+
+    def _refuse(self, tool_context: Any, response: dict[str, Any]) -> dict[str, Any]:
+        # ADK runs the after-tool callbacks on this dict too: it is not the tool's result.
+        with self._lock:
+            self._refused.add((tool_context.invocation_id, tool_context.function_call_id))
+        return response
 
     async def after_tool_callback(
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, result: Any
     ) -> dict[str, Any] | None:
+        key = (tool_context.invocation_id, tool_context.function_call_id)
         with self._lock:
-            if tool_context.function_call_id in self._refused:
-                self._refused.discard(tool_context.function_call_id)
+            if key in self._refused:
+                self._refused.discard(key)
                 return None
         control = self._control(tool_context.invocation_id)
         try:

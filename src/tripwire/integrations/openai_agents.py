@@ -25,6 +25,11 @@ What it uses of the SDK, and why:
   latest answer as a partial result instead of raising ``MaxTurnsExceeded``; the receipt says
   ``max_steps``.
 
+To call ``Runner.run`` or ``Runner.run_streamed`` yourself, build the pieces from one
+:class:`TripwireHooks`: ``hooks.guard_agent(agent)``, ``hooks=hooks``,
+``run_config=hooks.run_config(...)``, ``error_handlers=hooks.error_handlers(...)``; a stop then
+reaches you as the SDK's exception, and :func:`stopped_run_from` finds the tripwire stop in it.
+
 Every run hands its receipt to ``on_receipt``. Tools the SDK runs without a guardrail (hosted,
 computer and shell tools) are checked in ``on_tool_start``: there a stop still stops the run,
 but a nudge or a refusal cannot be handed to the model, so the call runs.
@@ -117,6 +122,21 @@ def _free_choice(*settings: ModelSettings | None) -> bool:
     return all(s is None or s.tool_choice in (None, "auto") for s in settings)
 
 
+def _record_crash(control: RunControl, exc: BaseException) -> None:
+    """The run ended with an exception that is not a tripwire stop: still hand over a receipt.
+
+    A cancellation is a user abort; anything else leaves the cause unrecorded (the receipt's
+    health is then ``uncertain``), never ``completed``.
+    """
+    if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
+        control.guard.finish(StopReason.USER_CANCELLED)
+        control.finish()
+    elif control.stopped is not None:
+        control.stop_result(control.stopped)
+    else:
+        control._emit()  # package-internal: a receipt without claiming how the run ended
+
+
 class TripwireHooks(RunHooks[Any]):
     """The SDK's ``RunHooks`` for one run under one :class:`~tripwire.integrations.RunControl`.
 
@@ -190,9 +210,10 @@ class TripwireHooks(RunHooks[Any]):
     def _guard_tool(self, tool: Any) -> Any:
         if not isinstance(tool, FunctionTool):
             return tool
-        guardrails = list(tool.tool_input_guardrails or [])
-        if any(g.get_name() == _GUARDRAIL_NAME for g in guardrails):
-            return tool
+        # A tool cloned for an earlier run carries that run's guardrail: replace it.
+        guardrails = [
+            g for g in tool.tool_input_guardrails or [] if g.get_name() != _GUARDRAIL_NAME
+        ]
         return dataclasses.replace(tool, tool_input_guardrails=[*guardrails, self.guardrail])
 
     # -- steps ------------------------------------------------------------------------------
@@ -253,6 +274,9 @@ class TripwireHooks(RunHooks[Any]):
 
     async def _check_tool(self, data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
         context = data.context
+        stopped = self.control.stopped
+        if stopped is not None:  # a sibling in the batch of the call that stopped the run
+            return ToolGuardrailFunctionOutput.raise_exception(output_info=stopped)
         try:
             refusal = self.control.before_tool(context.tool_name, context.tool_arguments)
         except RunStopped as exc:
@@ -267,6 +291,9 @@ class TripwireHooks(RunHooks[Any]):
         if call_id in self._checked:
             self._checked.discard(call_id)
         else:  # a tool the guardrail does not cover: a stop still stops the run here
+            stopped = self.control.stopped
+            if stopped is not None:
+                raise stopped
             refusal = self.control.before_tool(tool.name, getattr(context, "tool_arguments", None))
             if refusal is not None:
                 logger.warning(
@@ -308,6 +335,7 @@ class Tripwire:
         limits: each run's budgets (default none: only count).
         loop_policy: the loop watcher's policy; ``None`` switches loop detection off.
         on_loop: ``"stop"`` (the kill switch, default) or ``"nudge"`` (one message first).
+        agent: the agent's name on receipts (default the SDK agent's ``name``).
         on_receipt: called once with each run's receipt (e.g. a store's ``save``).
         partial_answer: builds a partial answer from the run state when tripwire stops a run.
         **guard_options: further :class:`~tripwire.guard.Guard` options (``ledger``,
@@ -323,10 +351,14 @@ class Tripwire:
         *,
         loop_policy: LoopPolicy | None = DEFAULT_POLICY,
         on_loop: OnLoop | str = OnLoop.STOP,
+        agent: str | None = None,
         on_receipt: ReceiptSink | None = None,
         partial_answer: PartialAnswer | None = None,
         **guard_options: Any,
     ) -> None:
+        if agent is not None and (not isinstance(agent, str) or not agent):
+            raise ConfigError("agent", agent, "a non-empty agent name, or None")
+        self._agent = agent
         if "run_id" in guard_options:
             raise ConfigError("run_id", guard_options["run_id"], "one run id per run: not here")
         self._options: dict[str, Any] = dict(
@@ -340,8 +372,9 @@ class Tripwire:
         new_run(**self._options)  # validate now, loudly, not at the first run
 
     def new_run(self, agent: str = "agent") -> RunControl:
-        """A fresh run with these settings (what :meth:`run` uses)."""
-        return new_run(agent=agent, **self._options)
+        """A fresh run with these settings (what :meth:`run` uses); ``agent`` is the name on
+        the receipt unless the ``agent`` option set one."""
+        return new_run(agent=self._agent or agent, **self._options)
 
     async def run(
         self,
@@ -382,8 +415,12 @@ class Tripwire:
             except (RunStopped, UserError, ToolInputGuardrailTripwireTriggered) as exc:
                 stop = stopped_run_from(exc)
                 if stop is None:
+                    _record_crash(control, exc)
                     raise
                 return control.stop_result(stop)
+            except BaseException as exc:
+                _record_crash(control, exc)
+                raise
         control.finish(result.final_output)
         return result
 

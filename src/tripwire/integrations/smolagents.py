@@ -14,7 +14,8 @@ What it uses of smolagents, and why:
   and a restricted budget's refusal come back as the tool's result, which smolagents shows the
   model as the observation. A stop cannot end the run from inside a tool, since smolagents turns
   a tool's exception into an error observation and asks the model again; so the wrapper refuses
-  the call (the body does not run) and the step callback ends the run.
+  the call (the body does not run, the observation says why) and the step callback ends the
+  run.
 - **step_callbacks**, which run at the end of every step and whose exceptions propagate out of
   ``agent.run``: the callback reads the step's usage from smolagents' own ``ActionStep``
   (a custom ``Model`` emits no model spans), raises the stop, and counts the *next* step before
@@ -31,6 +32,8 @@ per agent instance, as smolagents itself requires. Every run hands its receipt t
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -162,6 +165,21 @@ class _AgentRuns:
             step.observations = f"{step.observations}\n{wrap}" if step.observations else wrap
 
 
+def _record_crash(control: RunControl, exc: BaseException) -> None:
+    """The run ended with an exception that is not a tripwire stop: still hand over a receipt.
+
+    A cancellation is a user abort; anything else leaves the cause unrecorded (the receipt's
+    health is then ``uncertain``), never ``completed``.
+    """
+    if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
+        control.guard.finish(StopReason.USER_CANCELLED)
+        control.finish()
+    elif control.stopped is not None:
+        control.stop_result(control.stopped)
+    else:
+        control._emit()  # package-internal: a receipt without claiming how the run ended
+
+
 class GuardedTool(Tool):  # type: ignore[misc]
     """A smolagents ``Tool`` that asks tripwire before running the tool it wraps.
 
@@ -194,15 +212,27 @@ class GuardedTool(Tool):  # type: ignore[misc]
         else:
             arguments = list(args)
         control = self._runs.current()
-        refusal = control.before_tool(self.name, arguments)  # a stop raises: see the module doc
+        stopped = control.stopped
+        if stopped is not None:  # a sibling in the batch of the call that stopped the run
+            return f"Tool call refused: {stopped}"
+        try:
+            refusal = control.before_tool(self.name, arguments)
+        except RunStopped as exc:
+            # Raising here would only become an error observation (logged by smolagents with
+            # the raw arguments): refuse the call, and the step callback ends the run.
+            return f"Tool call refused: {exc}"
         if refusal is not None:
             return refusal
         try:
             result = self.wrapped(*args, sanitize_inputs_outputs=sanitize_inputs_outputs, **kwargs)
         except Exception as exc:
-            control.after_tool(self.name, arguments, error=exc)
+            with contextlib.suppress(RunStopped):  # kept on the run: the step callback raises it
+                control.after_tool(self.name, arguments, error=exc)
             raise
-        control.after_tool(self.name, arguments, result)
+        try:
+            control.after_tool(self.name, arguments, result)
+        except RunStopped as exc:
+            return f"Run stopped: {exc}"  # the step callback ends the run
         return result
 
 
@@ -213,6 +243,7 @@ class Tripwire:
         limits: each run's budgets (default none: only count).
         loop_policy: the loop watcher's policy; ``None`` switches loop detection off.
         on_loop: ``"stop"`` (the kill switch, default) or ``"nudge"`` (one message first).
+        agent: the agent's name on receipts (default the smolagents agent's ``name``).
         on_receipt: called once with each run's receipt (e.g. a store's ``save``).
         partial_answer: builds a partial answer from the run state when tripwire stops a run.
         **guard_options: further :class:`~tripwire.guard.Guard` options (``ledger``,
@@ -228,10 +259,14 @@ class Tripwire:
         *,
         loop_policy: LoopPolicy | None = DEFAULT_POLICY,
         on_loop: OnLoop | str = OnLoop.STOP,
+        agent: str | None = None,
         on_receipt: ReceiptSink | None = None,
         partial_answer: PartialAnswer | None = None,
         **guard_options: Any,
     ) -> None:
+        if agent is not None and (not isinstance(agent, str) or not agent):
+            raise ConfigError("agent", agent, "a non-empty agent name, or None")
+        self._agent = agent
         if "run_id" in guard_options:
             raise ConfigError("run_id", guard_options["run_id"], "one run id per run: not here")
         self._options: dict[str, Any] = dict(
@@ -247,8 +282,9 @@ class Tripwire:
         self._agents: dict[int, _AgentRuns] = {}
 
     def new_run(self, agent: str = "agent") -> RunControl:
-        """A fresh run with these settings."""
-        return new_run(agent=agent, **self._options)
+        """A fresh run with these settings; ``agent`` is the name on the receipt unless the
+        ``agent`` option set one."""
+        return new_run(agent=self._agent or agent, **self._options)
 
     def attach(self, agent: Any) -> Any:
         """Put ``agent`` under tripwire, in place: wrap its tools, register the step callback.
@@ -287,8 +323,9 @@ class Tripwire:
                 return agent.run(task, **run_options)
         except RunStopped as exc:
             return control.stop_result(exc)
-        except BaseException:
+        except BaseException as exc:
             runs.end()
+            _record_crash(control, exc)
             raise
 
     def stopped_run(self, agent: Any, exc: RunStopped) -> StoppedRun:

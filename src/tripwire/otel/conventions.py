@@ -5,7 +5,7 @@ One finished span becomes a :class:`~tripwire.core.events.ToolCall`, a
 processor (in the agent's process) and ``tripwire replay`` (over OTLP files) both call
 :func:`map_span`; neither needs to know which framework emitted the span.
 
-Recognition goes by attributes, in this order (``EMITTERS.md``):
+Recognition goes by attributes, in this order (``docs/emitters.md``):
 
 1. ``gen_ai.operation.name`` (GenAI semantic conventions): ``execute_tool`` → tool;
    ``chat``/``generate_content``/``text_completion`` → model; ``invoke_agent`` /
@@ -351,7 +351,7 @@ def _unwrap_smolagents(text: str) -> Any:
 
 
 def _arguments(attrs: Mapping[str, Any]) -> tuple[Any, str | None]:
-    """(arguments, call id found inside them) from every location EMITTERS.md lists."""
+    """(arguments, call id found inside them) from every location docs/emitters.md lists."""
     get = attrs.get
     raw = get("gen_ai.tool.call.arguments")
     if raw is None:

@@ -24,11 +24,13 @@ Determinism: the grid has a fixed order, ties are broken by that order, and a pr
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any, Final
 
 import msgspec
@@ -46,10 +48,13 @@ __all__ = [
     "LabelSet",
     "Labelled",
     "PolicyScore",
+    "StepLine",
     "assign_labels",
     "calibrate",
     "default_grid_axes",
+    "learn_step_line",
     "load_labels",
+    "min_runs_for",
     "pareto_front",
     "policy_grid",
     "score_policy",
@@ -452,3 +457,88 @@ def calibrate(
         replace(s, pareto=i in front, recommended=i == best) for i, s in enumerate(scores)
     )
     return Calibration(scores=marked, max_false_alarms=max_false_alarms, recommended=best)
+
+
+# -- the learned step line --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepLine:
+    """A tool-call line learned from healthy runs (split-conformal), for ``Limits.max_tool_calls``.
+
+    Over ``runs`` healthy runs, the line is the ``rank``-th smallest tool-call count, with
+    ``rank = ceil((runs + 1) * (1 - alpha))``: if the runs to come are exchangeable with these (same
+    agent, same kind of task), a healthy one goes over the line with probability at most
+    ``alpha``. It says nothing about runaways: it stops a long run whether it loops or not, which
+    is why it sits beside the loop rules rather than replacing them.
+    """
+
+    max_tool_calls: int
+    """The line: runs are allowed this many tool calls; the next one is refused."""
+    alpha: float
+    """The stated false-stop rate: the share of healthy runs the line may stop."""
+    runs: int
+    """How many healthy runs it was learned from."""
+    rank: int
+    """Which order statistic the line is (1 = the smallest count)."""
+
+
+def _exact(alpha: float) -> Fraction:
+    return Fraction(repr(alpha)) if isinstance(alpha, float) else Fraction(alpha)
+
+
+def _check_alpha(alpha: Any) -> Fraction:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ConfigError("alpha", alpha, "a false-stop rate above 0 and below 1, e.g. 0.05")
+    return _exact(alpha)
+
+
+def min_runs_for(alpha: float) -> int:
+    """The fewest healthy runs a line at false-stop rate ``alpha`` can be learned from.
+
+    ``ceil((n + 1) * (1 - alpha))`` must not exceed ``n``: 19 runs for ``alpha=0.05``, 99 for 0.01.
+
+    Raises:
+        ConfigError: ``alpha`` is not between 0 and 1 (both excluded).
+    """
+    a = _check_alpha(alpha)
+    return max(1, math.ceil((1 - a) / a))
+
+
+def learn_step_line(counts: Iterable[int], *, alpha: float = 0.05) -> StepLine:
+    """The tool-call line of a set of healthy runs at false-stop rate ``alpha`` (split-conformal).
+
+    Args:
+        counts: each healthy run's tool-call count (one agent or source: learn one line per
+            population whose runs are alike).
+        alpha: the share of healthy runs the line may stop.
+
+    Returns:
+        The line, with what it was learned from.
+
+    Raises:
+        ConfigError: ``alpha`` is out of range, a count is not an integer >= 0, or there are
+            fewer runs than :func:`min_runs_for` needs (the line would be "never stop", which is
+            no line: record more healthy runs, or accept a larger ``alpha``).
+    """
+    a = _check_alpha(alpha)
+    values: list[int] = []
+    for count in counts:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ConfigError("counts", count, "tool-call counts, integers >= 0")
+        values.append(count)
+    n = len(values)
+    need = min_runs_for(alpha)
+    if n < need:
+        raise ConfigError(
+            "healthy runs",
+            n,
+            f"at least {need} for alpha={alpha:g}",
+            message=(
+                f"a step line at alpha={alpha:g} needs at least {need} healthy runs, got {n}: "
+                "label more healthy runs of this agent, or accept a larger alpha"
+            ),
+        )
+    rank = math.ceil((n + 1) * (1 - a))
+    values.sort()
+    return StepLine(max_tool_calls=values[rank - 1], alpha=float(alpha), runs=n, rank=rank)

@@ -29,7 +29,7 @@ from tripwire.core.reasons import Rule, Verdict
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, Signature
 from tripwire.core.watch import RunState, evaluate
 from tripwire.otel.conventions import MAPPING_VERSION, MappingStats, RunBoundary, SpanView, map_span
-from tripwire.replay.reader import FileBatch, Problem, read_batches
+from tripwire.replay.reader import DEFAULT_MAX_FILE_BYTES, FileBatch, Problem, read_batches
 
 __all__ = [
     "FirstTrip",
@@ -261,6 +261,7 @@ def load_traces(
     normalizer: Normalizer = DEFAULT_NORMALIZER,
     *,
     on_file: Callable[[str, int], None] | None = None,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> Loaded:
     """Read and map every span, and group the tool calls by trace.
 
@@ -270,6 +271,7 @@ def load_traces(
         normalizer: signs the calls and digests their results; every later replay of these
             traces uses it.
         on_file: called with ``(path, size)`` before each file is read (progress).
+        max_file_bytes: the most one file may take, on disk and decompressed (see the reader).
 
     Returns:
         The traces in order of first appearance, the problems met, and mapping counters.
@@ -280,13 +282,13 @@ def load_traces(
     for item in items:
         if isinstance(item, SpanView):
             if pending:
-                for batch in read_batches(pending, on_file=on_file):
+                for batch in read_batches(pending, on_file=on_file, max_file_bytes=max_file_bytes):
                     collector.add_batch(batch)
                 pending = []
             collector.add(item, _VIEWS_SOURCE)
         else:
             pending.append(item)
-    for batch in read_batches(pending, on_file=on_file):
+    for batch in read_batches(pending, on_file=on_file, max_file_bytes=max_file_bytes):
         collector.add_batch(batch)
     return collector.finish()
 
@@ -362,7 +364,9 @@ def replay_traces(
         normalizer: the signature normalizer (default: the default normalizer).
         skip_empty: leave out traces without any tool call (by default they are reported
             with ``tool_calls == 0`` and verdict ``working``).
-        problems: a list to collect input problems in (``None``: they are dropped).
+        problems: a list to collect input problems in; without one (``None``), the first
+            problem (a missing path, a file that is not OTLP…) is raised as
+            :class:`~tripwire.errors.InputError` instead of passing silently.
 
     All input is read before the first result (a trace's spans may be spread over several
     files); results come in order of the traces' first appearance.
@@ -370,6 +374,10 @@ def replay_traces(
     loaded = load_traces(source, normalizer or DEFAULT_NORMALIZER)
     if problems is not None:
         problems.extend(loaded.problems)
+    else:
+        first = next((p for p in loaded.problems if not p.skipped), None)
+        if first is not None:
+            raise first.to_error()
     pol = policy if policy is not None else LoopPolicy()
     for trace in loaded.traces:
         if skip_empty and not trace.calls:

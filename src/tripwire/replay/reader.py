@@ -14,7 +14,16 @@ Reads what OpenTelemetry exporters and the Collector write:
 
 Bad input never stops the read: a file that is not OTLP, truncated JSON, a bad JSON Lines
 line or a span without a trace id becomes a :class:`Problem` naming the file (and the line),
-and everything else is still read.
+and everything else is still read. A span that cannot be decoded (invalid UTF-8, a lone
+surrogate escape, nesting too deep) is reported and skipped, and the file's other spans are
+kept; a time that is not a Unix time in nanoseconds is reported and read as missing; an
+attribute nested deeper than :data:`MAX_ATTRIBUTE_DEPTH` levels is cut there. A UTF-8
+byte-order mark is accepted.
+
+Bounds: what is not a regular file (a FIFO, a device such as a symlink to ``/dev/zero``, a
+socket) is reported and never opened for reading, and no input may take more than
+``max_file_bytes`` (default :data:`DEFAULT_MAX_FILE_BYTES`), read from disk or once
+decompressed: a gzip bomb is stopped at the cap and reported as a bad file.
 
 Speed: JSON is decoded by msgspec straight into typed structs (no intermediate dicts), and a
 span's attributes become one plain ``dict`` in a single comprehension. Protobuf is decoded by
@@ -25,13 +34,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import gzip
 import os
+import re
+import stat
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 import msgspec
@@ -40,6 +49,8 @@ from tripwire.errors import InputError
 from tripwire.otel.conventions import SpanView
 
 __all__ = [
+    "DEFAULT_MAX_FILE_BYTES",
+    "MAX_ATTRIBUTE_DEPTH",
     "STDIN",
     "TRACE_SUFFIXES",
     "FileBatch",
@@ -57,7 +68,17 @@ TRACE_SUFFIXES: Final = (".json", ".jsonl", ".ndjson", ".pb", ".protobuf", ".otl
 """File name endings a directory walk picks up (each also with ``.gz``). Files named
 explicitly are read whatever their name."""
 
+DEFAULT_MAX_FILE_BYTES: Final = 1 << 30
+"""The most one input may take (1 GiB), on disk and once decompressed; the CLI's
+``--max-file-size`` raises it. Reading holds a file in memory, about twice over while decoding."""
+MAX_ATTRIBUTE_DEPTH: Final = 32
+"""Attribute values nested deeper than this (arrays in arrays…) are cut: no emitter writes them,
+and walking them would exhaust the stack."""
+
 _GZIP_MAGIC: Final = b"\x1f\x8b"
+_BOM: Final = b"\xef\xbb\xbf"
+_MAX_NANOS: Final = 1 << 64
+"""OTLP times are fixed64 nanoseconds: anything at or above this is not one."""
 _JSONL_SUFFIXES: Final = (".jsonl", ".ndjson")
 
 
@@ -183,7 +204,17 @@ class _Request(_Base):
 _DECODER: Final = msgspec.json.Decoder(_Request)
 
 
-def _any(v: _AnyValue | None) -> Any:
+class _Cut:
+    """Counts attribute values cut at :data:`MAX_ATTRIBUTE_DEPTH` and bad times, per request."""
+
+    __slots__ = ("deep", "times")
+
+    def __init__(self) -> None:
+        self.deep = 0
+        self.times = 0
+
+
+def _any(v: _AnyValue | None, cut: _Cut | None = None, depth: int = 0) -> Any:
     """The Python value of an OTLP ``AnyValue`` (str, int, float, bool, bytes, tuple, dict)."""
     if v is None:
         return None
@@ -195,7 +226,7 @@ def _any(v: _AnyValue | None) -> Any:
         if isinstance(i, str):
             try:
                 return int(i)
-            except ValueError:
+            except ValueError:  # not an integer, or over Python's 4,300-digit limit
                 return i
         return i
     b = v.bool_value
@@ -209,10 +240,15 @@ def _any(v: _AnyValue | None) -> Any:
             except ValueError:
                 return d
         return d
-    if v.array_value is not None:
-        return tuple(_any(x) for x in v.array_value.values)
-    if v.kvlist_value is not None:
-        return {kv.key: _any(kv.value) for kv in v.kvlist_value.values}
+    if v.array_value is not None or v.kvlist_value is not None:
+        if depth >= MAX_ATTRIBUTE_DEPTH:
+            if cut is not None:
+                cut.deep += 1
+            return None
+        if v.array_value is not None:
+            return tuple(_any(x, cut, depth + 1) for x in v.array_value.values)
+        assert v.kvlist_value is not None
+        return {kv.key: _any(kv.value, cut, depth + 1) for kv in v.kvlist_value.values}
     if v.bytes_value is not None:
         try:
             return base64.b64decode(v.bytes_value)
@@ -221,7 +257,7 @@ def _any(v: _AnyValue | None) -> Any:
     return None
 
 
-def _attrs(kvs: list[_KeyValue]) -> dict[str, Any]:
+def _attrs(kvs: list[_KeyValue], cut: _Cut | None = None) -> dict[str, Any]:
     # The common case (a string value) is inlined: one attribute access and a test.
     out: dict[str, Any] = {}
     for kv in kvs:
@@ -229,7 +265,7 @@ def _attrs(kvs: list[_KeyValue]) -> dict[str, Any]:
         if v is not None and v.string_value is not None:
             out[kv.key] = v.string_value
         else:
-            out[kv.key] = _any(v)
+            out[kv.key] = _any(v, cut)
     return out
 
 
@@ -259,15 +295,25 @@ def _id(value: str, nbytes: int) -> str | None:
     return raw.hex()
 
 
-def _seconds(nanos: int | str | None) -> float | None:
+def _seconds(nanos: int | str | None, cut: _Cut) -> float | None:
+    """Seconds from OTLP nanoseconds; ``None`` for 0 (unset), and for what is not a time."""
     if nanos is None:
         return None
     if isinstance(nanos, str):
+        if len(nanos) > 24:  # 2**64 has 20 digits: a longer string is no time
+            cut.times += 1
+            return None
         try:
             nanos = int(nanos)
         except ValueError:
+            cut.times += 1
             return None
-    return nanos / 1e9 if nanos > 0 else None
+    if nanos == 0:
+        return None
+    if not 0 < nanos < _MAX_NANOS:
+        cut.times += 1
+        return None
+    return nanos / 1e9
 
 
 def _is_error(status: _Status | None) -> bool:
@@ -282,49 +328,64 @@ def _exception_type(events: list[_Event]) -> str | None:
         if event.name == "exception":
             for kv in event.attributes:
                 if kv.key == "exception.type":
-                    value = _any(kv.value)
+                    value = _any(kv.value, None, MAX_ATTRIBUTE_DEPTH)
                     return value if isinstance(value, str) and value else None
             return None
     return None
 
 
+_Group = tuple["dict[str, Any] | None", "str | None", "list[_Span]"]
+"""One scope's spans: (resource attributes, scope name, spans)."""
+
+
+def _groups(req: _Request, cut: _Cut) -> Iterator[_Group]:
+    assert not isinstance(req.resource_spans, msgspec.UnsetType)
+    for rs in req.resource_spans:
+        resource = _attrs(rs.resource.attributes, cut) if rs.resource is not None else None
+        for ss in rs.scope_spans or rs.instrumentation_library_spans:
+            scope = ss.scope.name or None if ss.scope is not None else None
+            yield resource, scope, ss.spans
+
+
 def _views_from_request(
     req: _Request, source: str, line: int | None, problems: list[Problem]
 ) -> list[SpanView]:
+    cut = _Cut()
+    return _views(_groups(req, cut), source, line, problems, cut)
+
+
+def _views(
+    groups: Iterable[_Group], source: str, line: int | None, problems: list[Problem], cut: _Cut
+) -> list[SpanView]:
     out: list[SpanView] = []
-    assert not isinstance(req.resource_spans, msgspec.UnsetType)
     missing = bad_ids = 0
-    for rs in req.resource_spans:
-        resource = _attrs(rs.resource.attributes) if rs.resource is not None else None
-        groups = rs.scope_spans or rs.instrumentation_library_spans
-        for ss in groups:
-            scope = ss.scope.name or None if ss.scope is not None else None
-            for sp in ss.spans:
-                if not sp.trace_id:
-                    missing += 1
-                    continue
-                trace_id = _id(sp.trace_id, 16)
-                span_id = _id(sp.span_id, 8) if sp.span_id else ""
-                if trace_id is None or span_id is None:
-                    bad_ids += 1
-                    continue
-                error = _is_error(sp.status)
-                out.append(
-                    SpanView(
-                        trace_id=trace_id,
-                        span_id=span_id,
-                        parent_span_id=_id(sp.parent_span_id, 8) if sp.parent_span_id else None,
-                        name=sp.name,
-                        start_s=_seconds(sp.start_time_unix_nano),
-                        end_s=_seconds(sp.end_time_unix_nano),
-                        status_error=error,
-                        status_message=sp.status.message if sp.status is not None else None,
-                        exception_type=_exception_type(sp.events) if error else None,
-                        attributes=_attrs(sp.attributes),
-                        resource_attributes=resource,
-                        scope_name=scope,
-                    )
+    for resource, scope, spans in groups:
+        for sp in spans:
+            if not sp.trace_id:
+                missing += 1
+                continue
+            trace_id = _id(sp.trace_id, 16)
+            span_id = _id(sp.span_id, 8) if sp.span_id else ""
+            if trace_id is None or span_id is None:
+                bad_ids += 1
+                continue
+            error = _is_error(sp.status)
+            out.append(
+                SpanView(
+                    trace_id=trace_id,
+                    span_id=span_id,
+                    parent_span_id=_id(sp.parent_span_id, 8) if sp.parent_span_id else None,
+                    name=sp.name,
+                    start_s=_seconds(sp.start_time_unix_nano, cut),
+                    end_s=_seconds(sp.end_time_unix_nano, cut),
+                    status_error=error,
+                    status_message=sp.status.message if sp.status is not None else None,
+                    exception_type=_exception_type(sp.events) if error else None,
+                    attributes=_attrs(sp.attributes, cut),
+                    resource_attributes=resource,
+                    scope_name=scope,
                 )
+            )
     if missing:
         problems.append(
             Problem(source, f"{missing} span(s) without a trace id (skipped)", line)
@@ -333,7 +394,112 @@ def _views_from_request(
         problems.append(
             Problem(source, f"{bad_ids} span(s) whose trace or span id is neither hex nor base64 of the right length (skipped)", line)
         )
+    if cut.times:
+        problems.append(
+            Problem(source, f"{cut.times} span time(s) that are not Unix times in nanoseconds (read as missing)", line)
+        )
+    if cut.deep:
+        problems.append(
+            Problem(source, f"{cut.deep} attribute value(s) nested deeper than {MAX_ATTRIBUTE_DEPTH} levels (cut there)", line)
+        )
     return out
+
+
+# -- recovery: one bad span must not lose the rest of the file ------------------------------
+
+
+class _RawScopeSpans(_Base):
+    scope: _Scope | None = None
+    spans: list[msgspec.Raw] = []
+
+
+_NO_RAW: Final = msgspec.Raw(b"")
+
+
+class _RawResourceSpans(_Base):
+    resource: msgspec.Raw = _NO_RAW
+    scope_spans: list[_RawScopeSpans] = []
+    instrumentation_library_spans: list[_RawScopeSpans] = []
+
+
+class _RawRequest(_Base):
+    resource_spans: list[_RawResourceSpans] | msgspec.UnsetType = msgspec.UNSET
+
+
+_RAW_DECODER: Final = msgspec.json.Decoder(_RawRequest)
+_SPAN_DECODER: Final = msgspec.json.Decoder(_Span)
+_RESOURCE_DECODER: Final = msgspec.json.Decoder(_Resource)
+
+
+def _span_error(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    text = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        return f"not an OTLP span: {text}"
+    if "UTF-8" in text:
+        return "invalid UTF-8"
+    if "surrogate" in text:
+        return "a lone surrogate escape"
+    return text
+
+
+_LONE_SURROGATE: Final = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+"""A ``\\uD800``-style escape that is not half of a surrogate pair (JSON cannot decode it)."""
+_MARK: Final = b"\\udbff\\udfff"
+"""What a lone surrogate escape is swapped for to find its span (U+10FFFF, a noncharacter)."""
+
+
+def _recover(data: bytes, source: str, line: int | None, problems: list[Problem]) -> list[SpanView] | None:
+    """Decode span by span after the whole request failed; ``None`` if the envelope is bad too.
+
+    Each span's JSON is kept as raw bytes by the envelope decode, then decoded on its own: a
+    span holding an invalid UTF-8 byte, a lone surrogate or nesting too deep is reported and
+    skipped, and every other span of the file is kept.
+    """
+    marked = b"\\u" in data and _LONE_SURROGATE.search(data) is not None
+    if marked:
+        data = _LONE_SURROGATE.sub(lambda _: _MARK, data)
+    try:
+        req = _RAW_DECODER.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if isinstance(req.resource_spans, msgspec.UnsetType):
+        return None
+    bad: list[str] = []
+    cut = _Cut()
+    groups: list[_Group] = []
+    for rs in req.resource_spans:
+        resource: dict[str, Any] | None = None
+        if len(rs.resource) and bytes(rs.resource) != b"null":
+            if marked and _MARK in bytes(rs.resource):
+                bad.append("resource: a lone surrogate escape")
+            try:
+                resource = _attrs(_RESOURCE_DECODER.decode(rs.resource).attributes, cut)
+            except (msgspec.DecodeError, RecursionError) as exc:
+                bad.append(f"resource: {_span_error(exc)}")
+        for ss in rs.scope_spans or rs.instrumentation_library_spans:
+            scope = ss.scope.name or None if ss.scope is not None else None
+            spans: list[_Span] = []
+            for raw in ss.spans:
+                if marked and _MARK in bytes(raw):
+                    bad.append("a lone surrogate escape")
+                    continue
+                try:
+                    spans.append(_SPAN_DECODER.decode(raw))
+                except (msgspec.DecodeError, RecursionError) as exc:
+                    bad.append(_span_error(exc))
+            groups.append((resource, scope, spans))
+    views = _views(groups, source, line, problems, cut)
+    if bad:
+        reasons = ", ".join(sorted(set(bad))[:3])
+        problems.append(
+            Problem(source, f"{len(bad)} span(s) could not be decoded ({reasons}); skipped, the rest was read", line)
+        )
+    return views
 
 
 def _json_error(exc: msgspec.DecodeError) -> str:
@@ -348,14 +514,16 @@ def _json_error(exc: msgspec.DecodeError) -> str:
 # -- protobuf -----------------------------------------------------------------------------------
 
 
-def _pb_any(v: Any) -> Any:
+def _pb_any(v: Any, depth: int = 0) -> Any:
     kind = v.WhichOneof("value")
     if kind is None:
         return None
+    if kind in ("array_value", "kvlist_value") and depth >= MAX_ATTRIBUTE_DEPTH:
+        return None
     if kind == "array_value":
-        return tuple(_pb_any(x) for x in v.array_value.values)
+        return tuple(_pb_any(x, depth + 1) for x in v.array_value.values)
     if kind == "kvlist_value":
-        return {kv.key: _pb_any(kv.value) for kv in v.kvlist_value.values}
+        return {kv.key: _pb_any(kv.value, depth + 1) for kv in v.kvlist_value.values}
     return getattr(v, kind)
 
 
@@ -430,7 +598,50 @@ def _read_protobuf(data: bytes, source: str, problems: list[Problem]) -> list[Sp
 # -- files ----------------------------------------------------------------------------------------
 
 
-def read_bytes(data: bytes, source: str, *, found_in_walk: bool = False) -> FileBatch:
+class _OverCap(Exception):
+    """Decompressed data would exceed the cap."""
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    """Undo gzip (every member), stopping as soon as the output would exceed ``limit`` bytes.
+
+    Raises:
+        _OverCap: the output would exceed ``limit``.
+        EOFError, zlib.error: truncated or corrupt data.
+    """
+    out = bytearray()
+    while data:
+        d = zlib.decompressobj(wbits=31)
+        buf = data
+        while True:
+            out += d.decompress(buf, limit + 1 - len(out))  # max_length >= 1: never "unbounded"
+            if len(out) > limit:
+                raise _OverCap()
+            buf = d.unconsumed_tail
+            if d.eof or not buf:
+                break
+        if not d.eof:
+            raise EOFError("gzip data ends early")
+        data = d.unused_data.lstrip(b"\x00")  # members may be padded with zeros
+        if data and data[:2] != _GZIP_MAGIC:
+            raise zlib.error("trailing garbage after the gzip data")
+    return bytes(out)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def read_bytes(
+    data: bytes,
+    source: str,
+    *,
+    found_in_walk: bool = False,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> FileBatch:
     """Decode one input (already read into memory) whatever its format.
 
     Args:
@@ -438,52 +649,81 @@ def read_bytes(data: bytes, source: str, *, found_in_walk: bool = False) -> File
         source: the name to put in problems.
         found_in_walk: True when a directory walk found the file: a JSON file that is not OTLP
             (a labels file, a config) is then skipped with a note instead of an error.
+        max_file_bytes: the most the data may decompress to; past it the file is a problem.
 
     Returns:
         The spans and the problems; never raises for any content.
     """
     batch = FileBatch(source, nbytes=len(data))
+    try:
+        _decode_into(batch, data, source, found_in_walk, max_file_bytes)
+    except (RecursionError, OverflowError) as exc:
+        # A safety net for hostile input the checks above did not foresee: the file is
+        # reported like any other bad file, and the other files are still read.
+        batch.spans = []
+        batch.problems.append(Problem(source, f"cannot be decoded ({type(exc).__name__})"))
+    return batch
+
+
+def _decode_into(
+    batch: FileBatch, data: bytes, source: str, found_in_walk: bool, max_file_bytes: int
+) -> None:
     name = source.lower()
     if data[:2] == _GZIP_MAGIC:
         try:
-            data = gzip.decompress(data)
+            data = _gunzip(data, max_file_bytes)
+        except _OverCap:
+            batch.problems.append(Problem(
+                source,
+                f"decompresses to more than {_size(max_file_bytes)}, the cap per file; skipped "
+                "(raise it with --max-file-size if the file is genuine)",
+            ))
+            return
         except (OSError, EOFError, zlib.error):
             batch.problems.append(Problem(source, "gzip data is truncated or corrupt"))
-            return batch
+            return
         name = name.removesuffix(".gz")
+    if data[:3] == _BOM:
+        data = data[3:]
     head = data.lstrip()[:1]
     if not head:
         batch.problems.append(Problem(source, "empty input (no OTLP data)"))
-        return batch
+        return
     if head not in (b"{", b"["):
         batch.spans = _read_protobuf(data, source, batch.problems)
-        return batch
+        return
 
     if name.endswith(_JSONL_SUFFIXES):
         _read_jsonl(data, source, batch, found_in_walk)
-        return batch
+        return
     try:
         req = _DECODER.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         # JSON Lines under another name: the first line is a complete JSON document by itself
         # (a pretty-printed file's first line is just "{").
         first, _, rest = data.partition(b"\n")
         if rest.strip() and _is_json(first):
             _read_jsonl(data, source, batch, found_in_walk)
-            return batch
-        batch.problems.append(Problem(source, _json_error(exc)))
-        return batch
+            return
+        recovered = _recover(data, source, None, batch.problems)
+        if recovered is not None:
+            batch.spans = recovered
+            return
+        if isinstance(exc, RecursionError):
+            batch.problems.append(Problem(source, "invalid JSON: nested too deeply"))
+        else:
+            batch.problems.append(Problem(source, _json_error(exc)))
+        return
     if isinstance(req.resource_spans, msgspec.UnsetType):
         batch.problems.append(_not_otlp(source, None, found_in_walk))
-        return batch
+        return
     batch.spans = _views_from_request(req, source, None, batch.problems)
-    return batch
 
 
 def _is_json(line: bytes) -> bool:
     try:
         msgspec.json.decode(line)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return False
     return True
 
@@ -501,8 +741,14 @@ def _read_jsonl(data: bytes, source: str, batch: FileBatch, found_in_walk: bool)
             continue
         try:
             req = decode(raw)
-        except msgspec.DecodeError as exc:
-            batch.problems.append(Problem(source, _json_error(exc), number))
+        except (msgspec.DecodeError, RecursionError) as exc:
+            recovered = _recover(raw, source, number, batch.problems)
+            if recovered is not None:
+                batch.spans.extend(recovered)
+            elif isinstance(exc, RecursionError):
+                batch.problems.append(Problem(source, "invalid JSON: nested too deeply", number))
+            else:
+                batch.problems.append(Problem(source, _json_error(exc), number))
             continue
         if isinstance(req.resource_spans, msgspec.UnsetType):
             if found_in_walk and not batch.spans and number == 1:
@@ -536,35 +782,69 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> Iterator[tuple[str,
                     yield os.path.join(root, name), True
 
 
+def _read_file(path: str, limit: int) -> bytes | Problem:
+    """The file's bytes, or the problem: never opens a FIFO or a device for a blocking read."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused just below.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return Problem(path, "no such file or directory")
+    except OSError as exc:
+        return Problem(path, f"cannot be read ({exc.strerror or exc})")
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                kind = (
+                    "a FIFO" if stat.S_ISFIFO(info.st_mode)
+                    else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+                    else "a socket" if stat.S_ISSOCK(info.st_mode)
+                    else "not a file"
+                )
+                return Problem(path, f"not a regular file ({kind}); skipped")
+            if info.st_size > limit:
+                return Problem(path, f"{_size(info.st_size)}, over the cap of {_size(limit)} per "
+                               "file; skipped (raise it with --max-file-size)")
+            data = fh.read(limit + 1)
+        except OSError as exc:
+            return Problem(path, f"cannot be read ({exc.strerror or exc})")
+    if len(data) > limit:
+        return Problem(path, f"over the cap of {_size(limit)} per file; skipped (raise it with --max-file-size)")
+    return data
+
+
 def read_batches(
     paths: Iterable[str | os.PathLike[str]],
     *,
     on_file: Callable[[str, int], None] | None = None,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> Iterator[FileBatch]:
     """Read every input, one :class:`FileBatch` per file, in order.
 
     Args:
         paths: files, directories (walked recursively), or ``-`` for standard input.
         on_file: called with ``(path, size in bytes)`` before each file is read (progress).
+        max_file_bytes: the most one input may take, on disk and once decompressed; a larger
+            one is a problem, and nothing past the cap is read.
     """
     for path, walked in expand_paths(paths):
         if path == STDIN:
-            data = sys.stdin.buffer.read()
+            data = sys.stdin.buffer.read(max_file_bytes + 1)
             if on_file is not None:
                 on_file(path, len(data))
-            yield read_bytes(data, "<stdin>")
+            if len(data) > max_file_bytes:
+                yield FileBatch("<stdin>", problems=[Problem(
+                    "<stdin>", f"over the cap of {_size(max_file_bytes)}; skipped (raise it with --max-file-size)")])
+                continue
+            yield read_bytes(data, "<stdin>", max_file_bytes=max_file_bytes)
             continue
-        try:
-            data = Path(path).read_bytes()
-        except FileNotFoundError:
-            yield FileBatch(path, problems=[Problem(path, "no such file or directory")])
-            continue
-        except OSError as exc:
-            yield FileBatch(path, problems=[Problem(path, f"cannot be read ({exc.strerror or exc})")])
+        read = _read_file(path, max_file_bytes)
+        if isinstance(read, Problem):
+            yield FileBatch(path, problems=[read])
             continue
         if on_file is not None:
-            on_file(path, len(data))
-        yield read_bytes(data, path, found_in_walk=walked)
+            on_file(path, len(read))
+        yield read_bytes(read, path, found_in_walk=walked, max_file_bytes=max_file_bytes)
 
 
 def read_spans(

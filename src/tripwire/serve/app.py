@@ -100,6 +100,8 @@ class ServeConfig:
     alerts: tuple[AlertTarget, ...] = ()
     dashboard_url: str | None = None
     """The public URL of the dashboard, for links in alerts."""
+    dashboard: bool = True
+    """Serve the dashboard (``/``, ``/runs``, ``/runs/{trace_id}``) behind the same auth."""
 
 
 class Service:
@@ -470,7 +472,7 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
         if action == "kill":
             payload = flag_payload(trace_id, None, at=now, message="killed by an operator", by="operator")
             await asyncio.to_thread(svc.kill.raise_flag, payload, svc.config.flag_ttl_s)
-            await asyncio.to_thread(svc.store.set_flags, trace_id, killed=True)
+            await asyncio.to_thread(svc.store.set_flags, trace_id, killed=True, resolved=False)
         elif action == "resolve":
             await asyncio.to_thread(svc.kill.clear, trace_id)
             await asyncio.to_thread(svc.store.set_flags, trace_id, resolved=True, killed=False)
@@ -562,6 +564,10 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
         Route("/api/flags/{trace_id}", one_flag, methods=["GET"]),
         Route("/api/flags", many_flags, methods=["POST"]),
     ]
+    if config.dashboard:
+        from tripwire.serve.dashboard import dashboard_routes
+
+        routes += dashboard_routes(svc)
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.service = svc
     return app

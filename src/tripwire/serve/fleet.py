@@ -562,6 +562,8 @@ class Fleet:
         )
         row.receipt = receipt
         row.health = health
+        if row.stop_reason is None:
+            row.stop_reason = receipt.get("reason")
         out.urgent.runs.append(row)
         if trace.timeline:
             out.urgent.calls.extend(trace.timeline)
@@ -569,11 +571,18 @@ class Fleet:
         out.ended_runs.append(row)
 
     def _write_dirty(self, now: float, out: Outcome) -> None:
-        urgent = {r.trace_id for r in out.urgent.runs}
+        # An urgent row of a run still going was made mid-batch: bring it up to date, so the
+        # store never keeps the counters of the call that changed the verdict as the last word.
+        urgent = out.urgent.runs
+        for i, row in enumerate(urgent):
+            trace = self._traces.get(row.trace_id)
+            if trace is not None and row.status == "running":
+                urgent[i] = self._row(row.trace_id, trace, now)
+        written = {r.trace_id for r in urgent}
         for tid, trace in self._traces.items():
             if trace.dirty:
                 trace.dirty = False
-                if tid not in urgent:
+                if tid not in written:
                     out.routine.runs.append(self._row(tid, trace, now))
                 if trace.timeline:
                     out.routine.calls.extend(trace.timeline)

@@ -1,0 +1,353 @@
+"""The dashboard of ``tripwire serve``: Fleet, Runs and Run pages an on-call engineer acts from.
+
+Server-rendered (Jinja2 templates in ``serve/templates``, one stylesheet and one small script in
+``serve/static``, all served by the service itself: it works offline, no CDN). Pages refresh
+their live parts every two seconds from server-rendered fragments (``/fragments/...``). Behind
+the service's auth: a browser signs in once with the bearer token (``/login``), kept in an
+HttpOnly, SameSite=Strict cookie; actions (kill, resolve, acknowledge) are POST forms that also
+carry a CSRF token derived from that token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import urlencode
+
+import sqlalchemy as sa
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from tripwire.serve.killchannel import flag_payload
+from tripwire.store.runs import RunStore, runs, verdicts
+
+if TYPE_CHECKING:
+    from tripwire.serve.app import Service
+
+__all__ = ["dashboard_routes"]
+
+HERE: Final = Path(__file__).parent
+PAGE_SIZE: Final = 50
+VERDICTS: Final = ("working", "stuck", "uncertain", "retrying", "waiting")
+
+
+def _env() -> Any:
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+    env = Environment(
+        loader=FileSystemLoader(str(HERE / "templates")),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["when"] = lambda t: (
+        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "—"
+    )
+    return env
+
+
+def _since(text: str | None, now: float) -> float | None:
+    units = {"h": 3600.0, "d": 86400.0}
+    if not text or text == "all":
+        return None
+    if text[-1] in units and text[:-1].isdigit():
+        return now - float(text[:-1]) * units[text[-1]]
+    return now - 86400.0
+
+
+def _stacked_chart(buckets: list[dict[str, int]], start: float, hours: int) -> str:
+    """Runs ended per hour, stacked by stop reason, as inline SVG with a text alternative."""
+    reasons = sorted({r for b in buckets for r in b})
+    colours = ["#0b4f9c", "#a4161a", "#1b6e2a", "#7a4b00", "#5a189a", "#333333", "#00695c"]
+    top: float = max((sum(b.values()) for b in buckets), default=0) or 1
+    width, height, left, bottom = 760, 180, 40, 150
+    bar = (width - left) / hours
+    parts = []
+    for i, b in enumerate(buckets):
+        y: float = bottom
+        for j, reason in enumerate(reasons):
+            n = b.get(reason, 0)
+            if not n:
+                continue
+            h = 130 * n / top
+            y -= h
+            when = time.strftime("%H:00", time.gmtime(start + i * 3600))
+            parts.append(
+                f'<rect x="{left + i * bar:.1f}" y="{y:.1f}" width="{bar - 2:.1f}" height="{h:.1f}" '
+                f'fill="{colours[j % len(colours)]}"><title>{when}: {n} {reason}</title></rect>'
+            )
+    parts.append(f'<text x="0" y="{bottom}">0</text><text x="0" y="24">{top:g}</text>')
+    legend = "".join(
+        f'<rect x="{left + k * 130}" y="162" width="10" height="10" fill="{colours[k % len(colours)]}"></rect>'
+        f'<text x="{left + k * 130 + 14}" y="171">{reason}</text>'
+        for k, reason in enumerate(reasons)
+    )
+    total = sum(sum(b.values()) for b in buckets)
+    label = f"Runs ended per hour over the last {hours} hours, by stop reason: {total} in all"
+    return (
+        f'<svg role="img" aria-label="{label}" width="{width}" height="{height}">'
+        f"{''.join(parts)}{legend}</svg>"
+    )
+
+
+class _Pages:
+    def __init__(self, svc: Service) -> None:
+        self.svc = svc
+        self.store: RunStore = svc.store
+        self.env = _env()
+        self.secret = secrets.token_bytes(32)
+
+    # -- auth --------------------------------------------------------------------------------
+
+    def token_of(self, request: Request) -> str:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "bearer" and token:
+            return token.strip()
+        return request.cookies.get("tripwire_token", "")
+
+    def csrf(self, request: Request) -> str:
+        return hmac.new(self.secret, self.token_of(request).encode(), hashlib.sha256).hexdigest()[:32]
+
+    def page(self, name: str, **context: Any) -> HTMLResponse:
+        return HTMLResponse(self.env.get_template(name).render(**context))
+
+    def guard(self, request: Request) -> Response | None:
+        if self.svc.authorized(request):
+            return None
+        if request.url.path.startswith("/fragments/"):
+            return Response("sign in again", status_code=401)
+        return RedirectResponse("/login?" + urlencode({"next": request.url.path}), status_code=303)
+
+    # -- data ----------------------------------------------------------------------------------
+
+    def fleet(self, now: float) -> dict[str, Any]:
+        day = now - 86400
+        midnight = now - (now % 86400)
+        with self.store.engine.connect() as conn:
+            counts: dict[Any, Any] = dict(
+                conn.execute(
+                    sa.select(runs.c.verdict, sa.func.count())
+                    .where(runs.c.updated_at >= day)
+                    .group_by(runs.c.verdict)
+                ).all()
+            )
+            stopped = conn.execute(
+                sa.select(
+                    sa.func.count(),
+                    sa.func.coalesce(sa.func.sum(runs.c.calls_after_stuck), 0),
+                    sa.func.coalesce(sa.func.sum(runs.c.cost_after_stuck), 0.0),
+                ).where(runs.c.updated_at >= midnight, runs.c.killed.is_(True))
+            ).one()
+            ended = conn.execute(
+                sa.select(runs.c.ended_at, runs.c.stop_reason).where(
+                    runs.c.status == "ended", runs.c.ended_at >= day
+                )
+            ).all()
+            tools = conn.execute(
+                sa.select(verdicts.c.tool, sa.func.count(sa.distinct(verdicts.c.trace_id)).label("n"))
+                .where(verdicts.c.verdict == "stuck", verdicts.c.stop_reason.is_(None), verdicts.c.at >= day)
+                .group_by(verdicts.c.tool)
+                .order_by(sa.desc("n"))
+                .limit(10)
+            ).all()
+            agents = conn.execute(
+                sa.select(runs.c.agent, sa.func.count().label("n"))
+                .where(runs.c.first_stuck_call.is_not(None), runs.c.updated_at >= day)
+                .group_by(runs.c.agent)
+                .order_by(sa.desc("n"))
+                .limit(10)
+            ).all()
+        hours = 24
+        start = now - now % 3600 - (hours - 1) * 3600
+        buckets: list[dict[str, int]] = [{} for _ in range(hours)]
+        reasons: dict[str, int] = {}
+        for ended_at, reason in ended:
+            key = reason or "unknown"
+            reasons[key] = reasons.get(key, 0) + 1
+            i = int((ended_at - start) // 3600)
+            if 0 <= i < hours:
+                buckets[i][key] = buckets[i].get(key, 0) + 1
+        return {
+            "counts": {str(k): int(v) for k, v in counts.items()},
+            "stopped": {"runs": int(stopped[0]), "calls_after": int(stopped[1]), "cost_after": float(stopped[2])},
+            "reasons": sorted(reasons.items(), key=lambda kv: -kv[1]),
+            "total": sum(reasons.values()),
+            "chart": _stacked_chart(buckets, start, hours),
+            "tools": [(t or "?", int(n)) for t, n in tools],
+            "agents": [(a or "(unnamed)", int(n)) for a, n in agents],
+        }
+
+    def runs_page(self, request: Request, now: float) -> dict[str, Any]:
+        q = request.query_params
+        filters = {k: (q.get(k) or None) for k in ("agent", "verdict", "health", "stop_reason")}
+        since_text = q.get("since") or "24h"
+        try:
+            offset = max(0, int(q.get("offset", "0")))
+        except ValueError:
+            offset = 0
+        rows, total = self.store.runs(
+            verdict=filters["verdict"],
+            agent=filters["agent"],
+            stop_reason=filters["stop_reason"],
+            health=filters["health"],
+            since=_since(since_text, now),
+            limit=PAGE_SIZE,
+            offset=offset,
+        )
+        with self.store.engine.connect() as conn:
+            agents = [a for (a,) in conn.execute(sa.select(runs.c.agent).distinct().where(runs.c.agent.is_not(None)).order_by(runs.c.agent).limit(200)).all()]
+            health = [h for (h,) in conn.execute(sa.select(runs.c.health).distinct().where(runs.c.health.is_not(None))).all()]
+            reasons = [r for (r,) in conn.execute(sa.select(runs.c.stop_reason).distinct().where(runs.c.stop_reason.is_not(None))).all()]
+        base = {k: v for k, v in filters.items() if v}
+        base["since"] = since_text
+        return {
+            "rows": rows,
+            "total": total,
+            "offset": offset,
+            "filters": {**filters, "since": since_text},
+            "choices": {"agents": agents, "health": sorted(health), "reasons": sorted(reasons)},
+            "query": urlencode({**base, "offset": offset}),
+            "prev_query": urlencode({**base, "offset": max(0, offset - PAGE_SIZE)}),
+            "next_query": urlencode({**base, "offset": offset + PAGE_SIZE}),
+        }
+
+    def run_page(self, trace_id: str, now: float) -> dict[str, Any] | None:
+        row = self.store.run(trace_id)
+        if row is None:
+            return None
+        receipt = json.dumps(row.receipt, indent=2, sort_keys=True) if row.receipt else None
+        health_reason = None
+        if row.receipt:
+            try:
+                from tripwire.core.receipt import StopReceipt, classify
+
+                health_reason = classify(StopReceipt.from_dict(row.receipt)).reason
+            except Exception:  # an older or partial receipt: show the state alone
+                health_reason = None
+        return {
+            "run": row,
+            "verdicts": self.store.verdicts(trace_id),
+            "calls": self.store.calls(trace_id),
+            "flag": self.svc.kill.get(trace_id, now),
+            "receipt": receipt,
+            "health_reason": health_reason,
+        }
+
+
+def dashboard_routes(svc: Service) -> list[Any]:
+    """The dashboard's routes, to mount on the service's app."""
+    pages = _Pages(svc)
+
+    async def login_form(request: Request) -> Response:
+        return pages.page("login.html", title="Sign in", page="login", error=None, next=request.query_params.get("next", "/"))
+
+    async def login(request: Request) -> Response:
+        form = await request.form()
+        token = str(form.get("token", "")).strip()
+        target = str(form.get("next", "/"))
+        if not target.startswith("/") or target.startswith("//"):
+            target = "/"
+        ok = any(hmac.compare_digest(token.encode(), t.encode()) for t in svc.config.tokens)
+        if not ok:
+            return HTMLResponse(
+                pages.env.get_template("login.html").render(title="Sign in", page="login", error="That token is not accepted.", next=target),
+                status_code=401,
+            )
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie("tripwire_token", token, httponly=True, samesite="strict", max_age=12 * 3600)
+        return response
+
+    async def fleet(request: Request) -> Response:
+        denied = pages.guard(request)
+        if denied is not None:
+            return denied
+        data = await asyncio.to_thread(pages.fleet, svc.clock())
+        return pages.page("fleet.html", title="Fleet", page="fleet", **data)
+
+    async def fleet_fragment(request: Request) -> Response:
+        denied = pages.guard(request)
+        if denied is not None:
+            return denied
+        data = await asyncio.to_thread(pages.fleet, svc.clock())
+        return pages.page("fleet_fragment.html", **data)
+
+    async def runs_list(request: Request) -> Response:
+        denied = pages.guard(request)
+        if denied is not None:
+            return denied
+        data = await asyncio.to_thread(pages.runs_page, request, svc.clock())
+        return pages.page("runs.html", title="Runs", page="runs", **data)
+
+    async def runs_fragment(request: Request) -> Response:
+        denied = pages.guard(request)
+        if denied is not None:
+            return denied
+        data = await asyncio.to_thread(pages.runs_page, request, svc.clock())
+        return pages.page("runs_fragment.html", **data)
+
+    async def run_detail(request: Request) -> Response:
+        denied = pages.guard(request)
+        if denied is not None:
+            return denied
+        trace_id = request.path_params["trace_id"].lower()
+        data = await asyncio.to_thread(pages.run_page, trace_id, svc.clock())
+        if data is None:
+            return HTMLResponse(f"<p>No run {trace_id[:32]} in the store.</p>", status_code=404)
+        return pages.page("run.html", title=f"Run {trace_id[:12]}", page="runs", csrf=pages.csrf(request), flash=request.query_params.get("done"), **data)
+
+    async def run_fragment(request: Request) -> Response:
+        denied = pages.guard(request)
+        if denied is not None:
+            return denied
+        data = await asyncio.to_thread(pages.run_page, request.path_params["trace_id"].lower(), svc.clock())
+        if data is None:
+            return Response("gone", status_code=404)
+        return pages.page("run_fragment.html", **data)
+
+    async def act(request: Request) -> Response:
+        denied = pages.guard(request)
+        if denied is not None:
+            return denied
+        form = await request.form()
+        if not hmac.compare_digest(str(form.get("csrf", "")), pages.csrf(request)):
+            return Response("stale form: reload the page", status_code=403)
+        trace_id = request.path_params["trace_id"].lower()
+        action = request.path_params["action"]
+        now = svc.clock()
+        if action == "kill":
+            payload = flag_payload(trace_id, None, at=now, message="killed from the dashboard", by="operator")
+            await asyncio.to_thread(svc.kill.raise_flag, payload, svc.config.flag_ttl_s)
+            await asyncio.to_thread(svc.store.set_flags, trace_id, killed=True, resolved=False)
+            done = "Kill flag raised: the agent stops at its next step."
+        elif action == "resolve":
+            await asyncio.to_thread(svc.kill.clear, trace_id)
+            await asyncio.to_thread(svc.store.set_flags, trace_id, resolved=True, killed=False)
+            done = "Resolved: the flag is down."
+        elif action == "acknowledge":
+            await asyncio.to_thread(svc.store.set_flags, trace_id, acknowledged=True)
+            done = "Acknowledged."
+        else:
+            return Response("unknown action", status_code=404)
+        return RedirectResponse(f"/runs/{trace_id}?" + urlencode({"done": done}), status_code=303)
+
+    return [
+        Route("/", fleet, methods=["GET"]),
+        Route("/login", login_form, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/fragments/fleet", fleet_fragment, methods=["GET"]),
+        Route("/runs", runs_list, methods=["GET"]),
+        Route("/fragments/runs", runs_fragment, methods=["GET"]),
+        Route("/runs/{trace_id}", run_detail, methods=["GET"]),
+        Route("/fragments/runs/{trace_id}", run_fragment, methods=["GET"]),
+        Route("/runs/{trace_id}/{action}", act, methods=["POST"]),
+        Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
+    ]

@@ -1,0 +1,181 @@
+"""Issue 16, the core's items: keyed digests, hostile keys, ranges and types, bounded caches."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from typing import Any
+
+import pytest
+
+from tripwire.core import signature as signature_module
+from tripwire.core.events import ToolCall
+from tripwire.core.policy import LoopPolicy, RetryPolicy
+from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, signature_of
+from tripwire.detector import LoopDetector, LoopWatcher
+from tripwire.errors import ConfigError
+
+KEY = b"fleet-secret-0123456789abcdef"
+
+
+# -- keyed digests ---------------------------------------------------------------------------------
+
+
+def test_a_keyed_digest_differs_from_the_unkeyed_one_and_from_another_key() -> None:
+    pin = {"pin": "123456"}
+    unkeyed = signature_of("check_pin", pin)
+    keyed = Normalizer(key=KEY).signature("check_pin", pin)
+    other = Normalizer(key=b"another-secret-key-0000").signature("check_pin", pin)
+    assert len({unkeyed.key, keyed.key, other.key}) == 3
+    # Without the key, guessing the PIN and hashing it unkeyed finds nothing.
+    guesses = {signature_of("check_pin", {"pin": f"{i:06d}"}).key for i in range(123_400, 123_500)}
+    assert unkeyed.key in guesses and keyed.key not in guesses
+
+
+def test_one_key_gives_the_same_signatures_in_every_process() -> None:
+    a, b = Normalizer(key=KEY), Normalizer(key=bytearray(KEY))
+    args = {"query": "refund policy", "request_id": 7}
+    assert a.signature("search", args) == b.signature("search", '{"query": "refund policy"}')
+    assert a.result_digest("Found 3 documents") == b.result_digest("Found 4 documents")
+    assert a.tool_signature("search") == b.tool_signature("search")
+    assert a.version == b.version
+    assert pickle.loads(pickle.dumps(a)).signature("search", args) == a.signature("search", args)
+
+
+def test_keyed_result_digests_and_name_only_keys_are_keyed_too() -> None:
+    keyed = Normalizer(key=KEY)
+    assert keyed.result_digest("123456") != DEFAULT_NORMALIZER.result_digest("123456")
+    assert keyed.tool_signature("search") != DEFAULT_NORMALIZER.tool_signature("search")
+    assert keyed.digest({"a": 1}) != DEFAULT_NORMALIZER.digest({"a": 1})
+
+
+def test_the_version_says_keyed_but_never_shows_the_key() -> None:
+    keyed = Normalizer(key=KEY)
+    assert "+keyed." in keyed.version and "+keyed" not in DEFAULT_NORMALIZER.version
+    assert Normalizer(key=b"another-secret-key-0000").version != keyed.version
+    for text in (keyed.version, repr(keyed), str(keyed)):
+        assert KEY.decode() not in text and KEY.hex() not in text
+
+
+@pytest.mark.parametrize("key", [b"short", "a str key of enough length", 12345, b"x" * 65])
+def test_a_bad_key_is_a_config_error_that_does_not_echo_it(key: Any) -> None:
+    with pytest.raises(ConfigError) as info:
+        Normalizer(key=key)
+    assert info.value.field == "key"
+    if isinstance(key, (str, bytes)) and len(key) > 6:
+        assert str(key) not in str(info.value) and repr(key) not in str(info.value)
+
+
+# -- hostile dict keys -------------------------------------------------------------------------------
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+    def __hash__(self) -> int:
+        return 1
+
+
+def test_a_huge_integer_key_or_a_key_whose_str_raises_still_gets_a_signature() -> None:
+    huge = 10**5000
+    assert sys.get_int_max_str_digits() and len(str(10**10)) == 11  # the limit is in force
+    one = signature_of("t", {huge: 1})
+    assert one == signature_of("t", {huge: 1}) and one != signature_of("t", {huge + 1: 1})
+    two = signature_of("t", {Unprintable(): 1})
+    assert two.kind.value == "json" and two != one
+
+
+# -- ranges and types ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("window", 10**9),
+        ("window", 10**22),
+        ("max_period", 10**6),
+        ("min_repeats", 10**9),
+        ("same_error", 10**12),
+        ("same_result", 10**12),
+        ("revisit", 10**12),
+        ("revisit_memory", 10**9),
+        ("confirm", 10**9),
+        ("max_lease_renewals", 10**12),
+        ("window", "10"),
+        ("window", 10.0),
+        ("threshold", None),
+        ("revisit_share", float("nan")),
+        ("polling_tools", 5),
+        ("retry_per_tool", ["a"]),
+    ],
+)
+def test_out_of_range_and_wrong_type_policy_values_are_refused_by_name(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError) as info:
+        LoopPolicy(**{field: value})
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_attempts", 10**12), ("interval_s", float("inf")), ("interval_s", float("nan")), ("backoff_rate", float("inf")), ("tolerance_s", 1e300), ("errors", 5)],
+)
+def test_out_of_range_retry_values_are_refused_by_name(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError) as info:
+        RetryPolicy(**{field: value})
+    assert info.value.field == f"RetryPolicy.{field}"
+
+
+def test_the_largest_accepted_window_still_builds_a_state() -> None:
+    policy = LoopPolicy(window=10_000, threshold=4)
+    watcher = LoopWatcher(policy)
+    assert watcher.call("t", {"a": 1}) is not None
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: signature_of(5, {"a": 1}),  # type: ignore[arg-type]
+        lambda: signature_of(None, {"a": 1}),  # type: ignore[arg-type]
+        lambda: DEFAULT_NORMALIZER.tool_signature(b"t"),  # type: ignore[arg-type]
+        lambda: Normalizer(volatile_keys=5),  # type: ignore[arg-type]
+        lambda: Normalizer(volatile_keys="nonce"),  # type: ignore[arg-type]
+        lambda: Normalizer(max_bytes="16"),  # type: ignore[arg-type]
+        lambda: Normalizer(max_bytes=True),  # type: ignore[arg-type]
+        lambda: LoopWatcher(policy="default"),  # type: ignore[arg-type]
+        lambda: LoopWatcher(normalizer="n"),  # type: ignore[arg-type]
+        lambda: LoopWatcher().observe({"tool": "t"}),  # type: ignore[arg-type]
+        lambda: LoopWatcher().call(7, {"a": 1}),  # type: ignore[arg-type]
+        lambda: LoopDetector(window="10"),  # type: ignore[arg-type]
+        lambda: LoopDetector(key="args"),
+        lambda: LoopDetector(normalizer=3),  # type: ignore[arg-type]
+        lambda: LoopDetector().observe(None, {"a": 1}),  # type: ignore[arg-type]
+        lambda: LoopPolicy.preset(3),  # type: ignore[arg-type]
+    ],
+)
+def test_wrong_types_in_the_public_core_api_are_config_errors(call: Any) -> None:
+    with pytest.raises(ConfigError):
+        call()
+
+
+# -- caches bounded in bytes --------------------------------------------------------------------------
+
+
+def test_huge_tool_names_are_never_kept_by_the_module_caches() -> None:
+    caches = [
+        signature_module._JSON_SEEDS,
+        signature_module._TEXT_SEEDS,
+        signature_module._RAW_SEEDS,
+        signature_module._ABSENT_SEEDS,
+        signature_module._TOOL_KEYS,
+    ]
+    for i in range(20):
+        name = f"{i}" + "t" * 1_000_000
+        signature_of(name, {"a": 1})
+        signature_of(name, '{"a": 1}')
+        signature_of(name, "text")
+        DEFAULT_NORMALIZER.tool_signature(name)
+        LoopWatcher(LoopPolicy(key="tool")).observe(ToolCall(tool=name, arguments={"a": 1}))  # type: ignore[arg-type]
+    for cache in caches:
+        assert len(cache) <= signature_module._SEEDS_MAX
+        assert all(len(name) <= signature_module._CACHED_NAME_MAX for name in cache)

@@ -1,0 +1,143 @@
+"""End to end in a real headless Chromium: a running ``tripwire serve`` fed real OTLP; a looping
+agent shows as stuck within seconds, clicking Kill raises the flag (checked through the kill
+channel), filters work, and every page is screenshotted into the test artifacts."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from serve.conftest import TOKEN, Running, running_service
+from serve.otlp_helpers import loop_spans, protobuf_body, trace_id_of
+from tripwire.serve import ServeConfig
+from tripwire.store.runs import RunStore
+
+from .conftest import ARTIFACTS
+
+PB = {"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Running]:
+    store = RunStore.open(f"sqlite:///{tmp_path / 'runs.db'}")
+    config = ServeConfig(tokens=(TOKEN,), reorder_s=0.0, flush_s=0.05)
+    with running_service(config, store) as r:
+        yield r
+    store.dispose()
+
+
+def _page(browser: Any, r: Running) -> Any:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.goto(f"{r.url}/")
+    # Not signed in: the dashboard asks for the token.
+    assert page.url.startswith(f"{r.url}/login")
+    page.get_by_label("Bearer token (TRIPWIRE_TOKEN)").fill(TOKEN)
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"{r.url}/")
+    return page
+
+
+def _distinct_spans(n: int) -> tuple[Any, ...]:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("tests")
+    words = ("billing", "shipping", "returns", "warranty", "invoices", "accounts")
+    with tracer.start_as_current_span("invoke_agent helper", attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper"}):
+        for i in range(n):
+            with tracer.start_as_current_span("execute_tool search_docs", attributes={
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_docs", "gen_ai.tool.call.id": f"d{i}",
+                "gen_ai.tool.call.arguments": json.dumps({"query": words[i % len(words)]}), "gen_ai.tool.call.result": f"about {words[i % len(words)]}",
+            }):
+                pass
+    provider.shutdown()
+    return tuple(exporter.get_finished_spans())
+
+
+def test_a_looping_agent_shows_stuck_and_kill_raises_its_flag(browser: Any, live: Running) -> None:
+    page = _page(browser, live)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-fleet-empty.png"), full_page=True)
+    # A looping run still going (no root span yet): its spans arrive while the page is open.
+    spans = loop_spans(6)
+    tid = trace_id_of(spans)
+    tools = [s for s in spans if s.name.startswith("execute_tool")]
+    started = time.monotonic()
+    assert httpx.post(f"{live.url}/v1/traces", content=protobuf_body(tools), headers=PB).status_code == 200
+    # The Fleet page updates itself (no reload): one stuck run within seconds.
+    page.locator('[data-verdict="stuck"]', has_text="1").wait_for(timeout=10_000)
+    assert time.monotonic() - started < 10
+    page.screenshot(path=str(ARTIFACTS / "dashboard-fleet.png"), full_page=True)
+    # The Runs page, filtered on stuck, lists it; keyboard-only navigation to it.
+    page.get_by_role("link", name="Runs").click()
+    page.get_by_label("Verdict").select_option("stuck")
+    page.get_by_role("button", name="Filter").click()
+    row = page.locator(f'tr[data-run="{tid}"]')
+    row.wait_for()
+    page.screenshot(path=str(ARTIFACTS / "dashboard-runs.png"), full_page=True)
+    row.get_by_role("link").focus()
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"{live.url}/runs/{tid}")
+    assert "stuck" in page.locator('[data-field="verdict"]').inner_text()
+    # The service already raised the flag when it judged the run stuck; resolve lowers it...
+    page.get_by_role("button", name="Resolve").click()
+    page.get_by_role("status").wait_for()
+    assert live.service.kill.get(tid, time.time()) is None
+    assert page.locator('[data-field="flag"]').inner_text() == "down"
+    # ...and clicking Kill raises it again, by the operator: checked through the kill channel.
+    page.get_by_role("button", name="Kill (raise the flag)").click()
+    page.get_by_role("status").wait_for()
+    flag = live.service.kill.get(tid, time.time())
+    assert flag is not None and flag["by"] == "operator"
+    assert "up" in page.locator('[data-field="flag"]').inner_text()
+    assert page.locator("table").nth(1).locator("tbody tr").count() >= 1  # the verdict history
+    page.screenshot(path=str(ARTIFACTS / "dashboard-run.png"), full_page=True)
+
+
+def test_filters_select_runs_and_a_healthy_run_is_not_stuck(browser: Any, live: Running) -> None:
+    looping, healthy = loop_spans(5), _distinct_spans(8)
+    for spans in (looping, healthy):
+        assert httpx.post(f"{live.url}/v1/traces", content=protobuf_body(spans), headers=PB).status_code == 200
+    page = _page(browser, live)
+    page.goto(f"{live.url}/runs?since=24h")
+    page.locator(f'tr[data-run="{trace_id_of(healthy)}"]').wait_for()
+    assert page.locator("tbody tr[data-run]").count() == 2
+    page.get_by_label("Agent").select_option("helper")
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url("**agent=helper**")
+    rows = page.locator("tbody tr[data-run]")
+    assert rows.count() == 1 and "working" in rows.first.inner_text()
+    page.get_by_label("Agent").select_option("")
+    page.get_by_label("Stop reason").select_option("loop_detected")
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url("**stop_reason=loop_detected**")
+    rows = page.locator("tbody tr[data-run]")
+    assert rows.count() == 1 and rows.first.get_attribute("data-run") == trace_id_of(looping)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-runs-filtered.png"), full_page=True)
+
+
+def test_the_dashboard_needs_the_token_and_serves_its_own_assets(live: Running) -> None:
+    assert httpx.get(f"{live.url}/runs", follow_redirects=False).status_code == 303
+    assert httpx.get(f"{live.url}/fragments/fleet").status_code == 401
+    bad = httpx.post(f"{live.url}/login", data={"token": "nope-not-the-token", "next": "/"}, follow_redirects=False)
+    assert bad.status_code == 401
+    css = httpx.get(f"{live.url}/static/tripwire.css")
+    assert css.status_code == 200 and "verdict-stuck" in css.text
+    ok = httpx.get(f"{live.url}/", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert ok.status_code == 200
+    assert "https://" not in ok.text and "http://" not in ok.text  # nothing fetched from elsewhere
+    # A form post without the CSRF token is refused.
+    spans = loop_spans(2)
+    httpx.post(f"{live.url}/v1/traces", content=protobuf_body(spans), headers=PB)
+    forged = httpx.post(f"{live.url}/runs/{trace_id_of(spans)}/kill", headers={"Authorization": f"Bearer {TOKEN}"}, data={"csrf": "x"})
+    assert forged.status_code == 403

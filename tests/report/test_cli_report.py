@@ -1,0 +1,71 @@
+"""``tripwire report`` from the command line, on a seeded SQLite store."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from tripwire.cli import app
+from tripwire.store.runs import Batch, RunRow, RunStore
+
+runner = CliRunner()
+
+
+def _store(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    store = RunStore.open(url)
+    now = time.time()
+    rows = [
+        RunRow(trace_id=f"{i:032x}", agent="support", status="ended", stop_reason="completed", health="complete_unverified",
+               steps=i, tool_calls=i, duration_s=float(i), cost_usd=0.01 * i, created_at=now - 60, updated_at=now)
+        for i in range(1, 25)
+    ]
+    store.write(Batch(runs=rows))
+    store.dispose()
+    return url
+
+
+def test_json_report(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["report", "--store", _store(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["overall"]["runs"] == 24
+    (support,) = data["agents"]
+    assert support["percentiles"]["tool_calls"]["p50"] == 12.5
+    # 24 healthy runs of 1..24 calls at alpha 0.05: rank ceil(25 * 0.95) = 24, the line is 24.
+    assert support["learned"][0] == {**support["learned"][0], "counter": "tool_calls", "line": 24}
+
+
+def test_html_report_is_self_contained(tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", "--store", _store(tmp_path), "--html", str(out)])
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert page.startswith("<!doctype html>") and "<svg" in page and "support" in page
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+
+
+def test_write_limits_writes_the_learned_lines(tmp_path: Path) -> None:
+    limits = tmp_path / "tripwire.toml"
+    result = runner.invoke(app, ["report", "--store", _store(tmp_path), "--agent", "support", "--write-limits", str(limits)])
+    assert result.exit_code == 0, result.output
+    import tomllib
+
+    assert tomllib.loads(limits.read_text()) == {"limits": {"max_tool_calls": 24, "max_steps": 24}}
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    url = _store(tmp_path)
+    for args in (
+        ["report", "--store", url, "--since", "yesterday"],
+        ["report", "--store", url, "--alpha", "1.5"],
+        ["report", "--store", url, "--html", str(tmp_path / "r.png")],
+        ["report", "--store", url, "--write-limits", str(tmp_path / "x.toml")],
+        ["report", "--store", "mysql://u:p@h/db"],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "Traceback" not in result.output
