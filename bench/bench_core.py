@@ -10,7 +10,16 @@ Measures, in one run and side by side:
    vs the naive ``Counter`` rebuild + period check on precomputed digests;
 3. the largest single-call cost (p50/p99/max) for arguments at and above the 16 KiB cap;
 4. per-run state size at window 10 (deep ``sizeof`` of a ``RunState`` after 10 calls, each
-   object counted once).
+   object counted once);
+5. ``LoopDetector.observe(tool, arguments)`` with arguments as a dict and as a JSON string, with
+   and without a volatile key (``request_id``), at ~100 B and ~1 KB, vs the naive detector on the
+   same input (target >= 5x);
+6. a run that stays stuck (one call repeated, the same result) at window 10 and 100 (target
+   <= 3 us per call);
+7. the real sessions of the labelled corpus (``../shared/corpus``, skipped when absent):
+   ``LoopWatcher.observe`` with arguments as dicts and each result digested
+   (``Normalizer.result_digest`` of its text) vs the naive detector, which digests no results
+   (target >= 5x).
 
 Targets: >= 3.5x the baseline at every size at window 10; logic alone >= 10x at window 10 and
 >= 40x at window 100; <= ~150 us for any single call; state <= 2 KB (aim 512 B).
@@ -19,7 +28,7 @@ Timing: ``time.perf_counter_ns``, GC disabled while timing, each figure the per-
 batch, over many batches (median and p10-p90 of the batch means). Single-call costs are timed
 one call at a time.
 
-Usage: ``python bench/bench_core.py [--quick]``
+Usage: ``python bench/bench_core.py [--quick] [--corpus DIR]``
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from tripwire.core.events import ToolCall
@@ -67,8 +77,9 @@ class NaiveDetector:
         self.min_repeats = min_repeats
         self.tripped = 0
 
-    def observe(self, tool: str, arguments: str) -> None:
-        canonical = json.dumps(json.loads(arguments), sort_keys=True)
+    def observe(self, tool: str, arguments: Any) -> None:
+        value = json.loads(arguments) if isinstance(arguments, str) else arguments
+        canonical = json.dumps(value, sort_keys=True)
         key = hashlib.sha256(f"{tool}\x00{canonical}".encode()).hexdigest()
         self.observe_key(key)
 
@@ -273,6 +284,128 @@ def state_size() -> tuple[int, int]:
     return everything, deep_sizeof(state, exclude=shared)
 
 
+# -- 5. LoopDetector.observe: dicts and JSON strings, with and without a volatile key -------------
+
+
+def detector_inputs(size: int, as_text: bool, volatile: bool) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for n, (tool, text) in enumerate(workload(size, BATCH * (BATCHES + 1))):
+        value = json.loads(text)
+        if volatile:
+            value["request_id"] = f"req-{n}"
+        out.append((tool, json.dumps(value) if as_text else value))
+    return out
+
+
+def bench_detector(size: int, as_text: bool, volatile: bool) -> tuple[list[float], list[float]]:
+    calls = detector_inputs(size, as_text, volatile)
+    detector = LoopDetector()
+    naive = NaiveDetector()
+
+    def ours(b: int) -> None:
+        observe = detector.observe
+        for tool, args in calls[b * BATCH : (b + 1) * BATCH]:
+            with contextlib.suppress(LoopDetected):
+                observe(tool, args)
+
+    def base(b: int) -> None:
+        observe = naive.observe
+        for tool, args in calls[b * BATCH : (b + 1) * BATCH]:
+            observe(tool, args)
+
+    return batch_means(ours), batch_means(base)
+
+
+# -- 6. a run that stays stuck --------------------------------------------------------------------
+
+
+def bench_stuck(window: int) -> tuple[list[float], list[float]]:
+    watcher = LoopWatcher(LoopPolicy(window=window, threshold=4))
+    call = ToolCall(tool="search_docs", arguments={"query": "refund policy"}, result_digest="same")
+    naive = NaiveDetector(window=window)
+    text = json.dumps({"query": "refund policy"})
+
+    def ours(b: int) -> None:
+        observe = watcher.observe
+        for _ in range(BATCH):
+            observe(call)
+
+    def base(b: int) -> None:
+        observe = naive.observe
+        for _ in range(BATCH):
+            observe("search_docs", text)
+
+    return batch_means(ours), batch_means(base)
+
+
+# -- 7. the real sessions of the corpus -------------------------------------------------------------
+
+
+def corpus_sessions(root: Path) -> list[list[tuple[str, dict[str, Any], str | None]]]:
+    """Each session's tool calls as (tool, arguments as a dict, result text), in start order."""
+    sessions = []
+    for line in (root / "labels.jsonl").read_text().splitlines():
+        if not line:
+            continue
+        data = json.loads((root / json.loads(line)["file"]).read_text())
+        spans = []
+        for rs in data.get("resourceSpans", []):
+            for ss in rs.get("scopeSpans", []):
+                for span in ss.get("spans", []):
+                    attrs = {a["key"]: a["value"].get("stringValue") for a in span.get("attributes", [])}
+                    tool = attrs.get("gen_ai.tool.name")
+                    if tool is None:
+                        continue
+                    try:
+                        args = json.loads(attrs.get("gen_ai.tool.call.arguments") or "{}")
+                    except ValueError:
+                        continue
+                    if isinstance(args, dict):
+                        spans.append((int(span.get("startTimeUnixNano", 0)), tool, args, attrs.get("gen_ai.tool.call.result")))
+        spans.sort(key=lambda s: s[0])
+        sessions.append([(tool, args, result) for _, tool, args, result in spans])
+    return sessions
+
+
+def bench_corpus(sessions: list[list[tuple[str, dict[str, Any], str | None]]]) -> tuple[list[float], list[float], int]:
+    calls = [(i, tool, args, result) for i, session in enumerate(sessions) for tool, args, result in session]
+    digest = DEFAULT_NORMALIZER.result_digest
+    count = len(calls)
+
+    def ours() -> None:
+        watcher: LoopWatcher | None = None
+        current = -1
+        for i, tool, args, result in calls:
+            if i != current:
+                watcher, current = LoopWatcher(), i
+            assert watcher is not None
+            watcher.observe(ToolCall(tool=tool, arguments=args, result_digest=digest(result) if result is not None else None))
+
+    def base() -> None:
+        naive: NaiveDetector | None = None
+        current = -1
+        for i, tool, args, _ in calls:
+            if i != current:
+                naive, current = NaiveDetector(), i
+            assert naive is not None
+            naive.observe(tool, args)
+
+    rounds = 3 if QUICK else 7
+    ours_ns: list[float] = []
+    base_ns: list[float] = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for fn, out in ((ours, ours_ns), (base, base_ns)):
+                t0 = time.perf_counter_ns()
+                fn()
+                out.append((time.perf_counter_ns() - t0) / count)
+    finally:
+        gc.enable()
+    return ours_ns, base_ns, count
+
+
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -281,7 +414,13 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer and smaller batches")
-    parser.parse_args()  # --help, and exit code 2 for anything else (QUICK is read at import)
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "shared" / "corpus",
+        help="the labelled corpus directory for case 7 (default: ../shared/corpus next to the repo)",
+    )
+    options = parser.parse_args()  # --help, and exit code 2 for anything else (QUICK is read at import)
     print(f"tripwire core bench — Python {sys.version.split()[0]}, batches of {BATCH} calls × {BATCHES}")
     import tripwire.core.watch as watch_module
 
@@ -324,6 +463,42 @@ def main() -> None:
     flag = "ok" if marginal <= 2048 else "MISS (never above 2 KB)"
     aim = "within the 512 B aim" if marginal <= 512 else "above the 512 B aim"
     print(f"  per run: {marginal} B ({aim}; {flag}); including process-shared strings: {everything} B")
+
+    print("\n5. LoopDetector.observe(tool, arguments), vs the naive detector on the same input")
+    print(HEADER)
+    for size in (100, 1024):
+        for as_text in (False, True):
+            for volatile in (False, True):
+                ours, base = bench_detector(size, as_text, volatile)
+                label = f"  {size:>5} B {'json' if as_text else 'dict'}{' +request_id' if volatile else ''}"
+                line = row(label, ours, base, 5.0)
+                print(line)
+                if "MISS" in line:
+                    misses.append(line.strip())
+
+    print("\n6. a run that stays stuck (one call repeated, the same result; target <= 3 µs)")
+    print(HEADER)
+    for window in (10, 100):
+        ours, base = bench_stuck(window)
+        line = row(f"  window {window:<3}", ours, base, None)
+        ok = statistics.median(ours) <= 3000
+        print(line + ("  ok" if ok else "  MISS (target <= 3 µs)"))
+        if not ok:
+            misses.append(line.strip() + " (target <= 3 µs)")
+
+    root = options.corpus
+    print("\n7. real sessions (LoopWatcher.observe, dict arguments, each result digested)")
+    if (root / "labels.jsonl").is_file():
+        sessions = corpus_sessions(root)
+        ours, base, count = bench_corpus(sessions)
+        print(f"  {len(sessions)} sessions, {count} calls")
+        print(HEADER)
+        line = row("  corpus", ours, base, 5.0)
+        print(line)
+        if "MISS" in line:
+            misses.append(line.strip())
+    else:
+        print(f"  skipped: no corpus at {root}")
 
     print("\nmisses:" if misses else "\nall targets met")
     for m in misses:
