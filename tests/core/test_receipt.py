@@ -1,30 +1,26 @@
-"""Stop receipts: the 11-case health fixture, the priority rules, stop conditions, JSON."""
+"""Stop receipts: the 11-case health fixture, the priority rules, JSON."""
 
 from __future__ import annotations
 
 import json
 import pickle
-from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from tripwire.core.reasons import StopReason, Verdict
 from tripwire.core.receipt import (
     SCHEMA,
     AfterStop,
-    AnyOf,
     Approval,
-    CalledTool,
-    CompletedStep,
     Counters,
     EndKind,
     Evidence,
     HealthState,
     OutcomeReceipt,
     OutcomeRequirement,
-    StepCap,
     StopReceipt,
     ToolFailure,
     VerifierKind,
@@ -453,86 +449,6 @@ def test_passed_receipt_cannot_carry_an_error() -> None:
     assert info.value.field == "OutcomeReceipt.error"
 
 
-# --- stop conditions -------------------------------------------------------------------------
-
-
-def steps(*tool_lists: tuple[str, ...]) -> tuple[CompletedStep, ...]:
-    return tuple(CompletedStep(tools) for tools in tool_lists)
-
-
-def test_step_cap_fires_when_the_count_reaches_n() -> None:
-    cap = StepCap(20)
-    assert cap(steps(*[("search",)] * 19)) is None
-    cause = cap(steps(*[("search",)] * 20))
-    assert cause is not None
-    assert cause.end is EndKind.STOP_CONDITION
-    assert cause.reason is StopReason.MAX_STEPS
-    assert dict(cause.condition) == {"steps": 20, "max_steps": 20}
-
-
-def test_step_cap_checked_after_every_step_stops_with_exactly_n_steps() -> None:
-    cap = StepCap(20)
-    done: list[CompletedStep] = []
-    for _ in range(25):
-        done.append(CompletedStep(("search",)))
-        cause = cap(tuple(done))
-        if cause is not None:
-            break
-    assert cause is not None
-    stop = receipt(
-        end=cause.end,
-        reason=cause.reason,
-        condition=cause.condition,
-        counters=Counters(steps=len(done)),
-    )
-    assert stop.counters.steps == 20
-    assert stop.condition == {"steps": 20, "max_steps": 20}
-    assert classify(stop).state is HealthState.BOUNDED_STOP
-
-
-def test_step_cap_checked_late_records_the_true_count() -> None:
-    cause = StepCap(20)(steps(*[()] * 23))
-    assert cause is not None
-    assert dict(cause.condition) == {"steps": 23, "max_steps": 20}
-
-
-@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "20"])
-def test_step_cap_rejects_bad_n(bad: object) -> None:
-    with pytest.raises(ConfigError) as info:
-        StepCap(bad)  # type: ignore[arg-type]
-    assert info.value.field == "StepCap.n"
-
-
-def test_called_tool_looks_at_the_last_completed_step_only() -> None:
-    cond = CalledTool("submit")
-    assert cond(()) is None
-    assert cond(steps(("submit",), ("search",))) is None
-    cause = cond(steps(("search",), ("lookup", "submit")))
-    assert cause is not None
-    assert cause.end is EndKind.EXPLICIT_DONE
-    assert cause.reason is StopReason.COMPLETED
-    assert dict(cause.condition) == {"stop_tool": "submit", "step": 2}
-
-
-def test_called_tool_with_another_meaning() -> None:
-    cond = CalledTool(
-        "escalate", end=EndKind.APPROVAL_REQUESTED, reason=StopReason.APPROVAL_REQUIRED
-    )
-    cause = cond(steps(("escalate",)))
-    assert cause is not None and cause.end is EndKind.APPROVAL_REQUESTED
-
-
-def test_any_of_returns_the_first_cause_and_flattens() -> None:
-    combo = StepCap(3) | CalledTool("submit") | CalledTool("finish")
-    assert isinstance(combo, AnyOf)
-    assert len(combo.conditions) == 3
-    assert combo(steps(("a",), ("b",))) is None
-    by_tool = combo(steps(("a",), ("submit",)))
-    assert by_tool is not None and by_tool.reason is StopReason.COMPLETED
-    both = combo(steps(("a",), ("b",), ("submit",)))
-    assert both is not None and both.reason is StopReason.MAX_STEPS
-
-
 # --- serialization ---------------------------------------------------------------------------
 
 
@@ -674,3 +590,236 @@ def test_round_trip_for_arbitrary_counters(
     assert again == stop
     assert again.to_json() == stop.to_json()
     assert classify(again) == classify(stop)
+
+
+# --- the msgspec format: old receipts, hostile input, one counters conversion ----------------
+
+
+OLD_RECEIPT = """{
+  "schema": "tripwire.stop_receipt/1",
+  "run_id": "run-7",
+  "agent": "invoice-bot",
+  "end": "stop_condition",
+  "reason": "max_steps",
+  "condition": {"max_steps": 20, "steps": 20},
+  "policy_version": "p1",
+  "normalizer_version": "n1:v3",
+  "counters": {"steps": 20, "tool_calls": 31, "input_tokens": 0, "output_tokens": 0,
+               "cost_usd": null, "duration_s": 12.5},
+  "verdict": "working",
+  "approval": null,
+  "outcomes": [],
+  "requires_outcome": "any",
+  "tool_failure": null,
+  "started_at": 1700000000.0,
+  "ended_at": 1700000012.5
+}"""
+"""A receipt as the hand-written decoder's version wrote it (no after_stop, no unpriced_calls)."""
+
+
+def test_a_receipt_written_before_the_msgspec_format_still_reads() -> None:
+    stop = StopReceipt.from_json(OLD_RECEIPT, source="old.json")
+    assert stop.reason is StopReason.MAX_STEPS
+    assert stop.counters == Counters(steps=20, tool_calls=31, duration_s=12.5)
+    assert stop.after_stop is None
+    assert classify(stop).state is HealthState.BOUNDED_STOP
+
+
+def test_the_health_classification_is_its_own_module_and_still_imports_from_receipt() -> None:
+    from tripwire.core import health, receipt
+
+    assert receipt.classify is health.classify
+    assert receipt.Health is health.Health
+    assert receipt.HealthState is health.HealthState
+
+
+def test_an_invalid_counter_is_named_with_the_value_seen() -> None:
+    data = json.loads(OLD_RECEIPT)
+    data["counters"]["steps"] = -1
+    with pytest.raises(InputError) as info:
+        StopReceipt.from_dict(data, source="r.json")
+    assert info.value.detail == "field 'counters.steps': expected an integer >= 0, got -1"
+
+
+def test_another_schema_is_reported_before_its_unknown_fields() -> None:
+    data = json.loads(OLD_RECEIPT)
+    data["schema"] = "tripwire.stop_receipt/2"
+    data["new_thing"] = {"x": 1}
+    for read in (
+        lambda: StopReceipt.from_dict(data, source="r.json"),
+        lambda: StopReceipt.from_json(json.dumps(data), source="r.json"),
+    ):
+        with pytest.raises(InputError) as info:
+            read()
+        assert info.value.detail.startswith(
+            "field 'schema': unsupported receipt schema 'tripwire.stop_receipt/2'"
+        )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"run_id": "r", "agent": "a", "end": null, "reason": null, "x": '
+        + "[" * 100_000
+        + "]" * 100_000
+        + "}",
+        '{"schema": 5, "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        '{"run_id": "r", "agent": "a", "end": null, "reason": null, "condition": {"x": '
+        + "9" * 5000
+        + "}}",
+        '{"run_id": "r", "agent": "a", "end": null, "reason": null, "started_at": 1e999}',
+        '{"run_id": "r", "agent": "a", "end": null, "reason": null, "condition": {"x": '
+        + "[" * 100_000,
+        "[" * 100_000,
+        b"\xff\xfe{}",
+    ],
+)
+def test_hostile_json_is_an_input_error(text: str | bytes) -> None:
+    with pytest.raises(InputError) as info:
+        StopReceipt.from_json(text, source="bad.json")
+    assert info.value.source == "bad.json"
+
+
+def test_deep_python_data_is_an_input_error() -> None:
+    deep: dict[str, object] = {}
+    cur = deep
+    for _ in range(100_000):
+        cur["a"] = {}
+        cur = cur["a"]  # type: ignore[assignment]
+    data = json.loads(OLD_RECEIPT)
+    data["condition"] = deep
+    with pytest.raises(InputError) as info:
+        StopReceipt.from_dict(data, source="deep")
+    assert "condition" in info.value.detail
+
+
+def test_a_byte_order_mark_is_not_an_error() -> None:
+    assert StopReceipt.from_json(("\ufeff" + OLD_RECEIPT).encode()).run_id == "run-7"
+    assert StopReceipt.from_json("\ufeff" + OLD_RECEIPT).run_id == "run-7"
+
+
+@pytest.mark.parametrize("value", [2**64, -(2**63) - 1, 10**400])
+def test_integers_that_do_not_fit_in_64_bits_are_refused_when_built(value: int) -> None:
+    with pytest.raises(ConfigError) as info:
+        receipt(condition={"steps": value})
+    assert info.value.field == "StopReceipt.condition['steps']"
+    with pytest.raises(ConfigError):
+        Counters(tool_calls=2**64)
+
+
+def test_integers_at_the_64_bit_edges_round_trip() -> None:
+    stop = receipt(condition={"lo": -(2**63), "hi": 2**64 - 1}, counters=Counters(steps=2**63))
+    assert StopReceipt.from_json(stop.to_json()) == stop
+
+
+def test_counters_come_from_the_budget_meter_in_one_place() -> None:
+    from tripwire.core.budget import RunCounters
+
+    run = RunCounters(
+        steps=3, tool_calls=5, input_tokens=10, output_tokens=4, cost_usd=0.25, elapsed_s=9.5,
+        unpriced_calls=1,
+    )
+    assert Counters.from_run(run) == Counters(
+        steps=3, tool_calls=5, input_tokens=10, output_tokens=4, cost_usd=0.25, duration_s=9.5,
+        unpriced_calls=1,
+    )
+    only_unpriced = RunCounters(steps=2, unpriced_calls=2)
+    assert Counters.from_run(only_unpriced).cost_usd is None
+    assert Counters.from_run(RunCounters(steps=1)).cost_usd == 0.0
+
+
+def test_the_constructors_still_validate() -> None:
+    with pytest.raises(ConfigError) as info:
+        receipt(end="natural_finish")
+    assert info.value.field == "StopReceipt.end"
+    with pytest.raises(ConfigError) as info:
+        receipt(outcomes=("done",))
+    assert info.value.field == "StopReceipt.outcomes"
+
+
+# --- why an outcome check failed -----------------------------------------------------------
+
+
+def outcome(**fields: object) -> OutcomeReceipt:
+    base: dict[str, object] = {
+        "kind": VerifierKind.SQL,
+        "target": "sqlite:///app.db :: SELECT status FROM invoices",
+        "checked_at": T0,
+        "passed": False,
+        "checked_by": "tripwire.verify.sql",
+    }
+    base.update(fields)
+    return OutcomeReceipt(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        (
+            {"observed": {"row": True, "status": "sent"}, "expected": {"row": True, "status": "paid"}},
+            "status: expected 'paid', observed 'sent'",
+        ),
+        ({"observed": {"row": False}, "expected": {"row": True, "status": "paid"}}, "row: expected True, observed False"),
+        (
+            {"kind": VerifierKind.FILE, "observed": {"exists": True, "size": 10}, "expected": {"exists": True, "min_size": 1024}},
+            "size=10 below min_size=1024",
+        ),
+        (
+            {"observed": {"row": True, "missing_columns": "total"}, "expected": {"row": True, "total": 5}},
+            "missing columns: total",
+        ),
+        ({"error": "timed out after 10 s"}, "timed out after 10 s"),
+        ({}, "the check did not pass"),
+    ],
+)
+def test_a_failed_outcome_says_why(fields: dict[str, object], why: str) -> None:
+    failed = outcome(**fields)
+    assert failed.failure == why
+    health = classify(receipt(outcomes=(failed,)))
+    assert health.state is HealthState.FALSE_COMPLETE
+    assert health.reason.endswith(f"failed: {why}")
+
+
+def test_a_passed_outcome_has_no_failure() -> None:
+    assert FILE_OK.failure is None
+
+
+def test_a_failing_judge_says_why() -> None:
+    judge = replace(JUDGE_NO, expected={"done": True})  # as LLMJudge records it
+    health = classify(receipt(outcomes=(judge,)))
+    assert "done: expected True, observed False" in health.reason
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats()
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(data=st.binary(max_size=300))
+def test_arbitrary_bytes_are_a_receipt_or_an_input_error(data: bytes) -> None:
+    try:
+        StopReceipt.from_json(data, source="fuzz.json")
+    except InputError as exc:
+        assert exc.source == "fuzz.json"
+
+
+@given(patch=st.dictionaries(st.sampled_from(sorted(FULL.to_dict())), json_values, max_size=4))
+def test_receipts_with_arbitrary_fields_are_a_receipt_or_an_input_error(
+    patch: dict[str, object],
+) -> None:
+    data = {**FULL.to_dict(), **patch}
+    try:
+        text = json.dumps(data)
+    except ValueError:
+        return
+    for read in (lambda: StopReceipt.from_json(text), lambda: StopReceipt.from_dict(data)):
+        try:
+            read()
+        except InputError as exc:
+            assert exc.detail

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
+import socket
+import threading
 import uuid
 from typing import Any
 
@@ -140,3 +143,136 @@ def test_idempotency_store_unreachable_fails_closed() -> None:
     with pytest.raises(RunStopped) as info:
         tool(to="a@example.com")
     assert info.value.reason is StopReason.TOOL_ERROR
+
+
+# --- issue 16: Redis fails after the action ran --------------------------------------------------
+
+
+class CuttableProxy:
+    """A TCP forwarder to the real Redis whose connections can be cut (a network fault)."""
+
+    def __init__(self, target: tuple[str, int] = ("127.0.0.1", 6379)) -> None:
+        self.target = target
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.down = threading.Event()
+        self.socks: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            if self.down.is_set():
+                client.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            with self.lock:
+                self.socks += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def cut(self) -> None:
+        self.down.set()
+        with self.lock:
+            socks, self.socks = self.socks, []
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def restore(self) -> None:
+        self.down.clear()
+
+    def close(self) -> None:
+        self.cut()
+        self.server.close()
+
+
+@pytest.fixture
+def proxy() -> Any:
+    p = CuttableProxy()
+    yield p
+    p.close()
+
+
+def test_redis_lost_after_the_action_is_retried_and_never_says_not_running(
+    redis_client: Any, redis_prefix: str, proxy: CuttableProxy
+) -> None:
+    store = RedisIdempotencyStore(url=proxy.url, prefix=redis_prefix, timeout_s=0.2)
+    sent: list[str] = []
+
+    def send_email(to: str) -> dict[str, str]:
+        sent.append(to)
+        proxy.cut()  # Redis goes away (a restart, a network blip) after the e-mail went out
+        threading.Timer(0.3, proxy.restore).start()
+        return {"id": "msg-1"}
+
+    tool = Idempotent(send_email, store=store, record_wait_s=10)
+    first = tool(to="a@example.com")  # no RunStopped("... not running ..."): it ran
+    assert (first.status, first.value) == ("executed", {"id": "msg-1"})
+    assert redis_client.get(f"{redis_prefix}:{first.operation_id}") == b'd{"id":"msg-1"}'
+    again = Idempotent(send_email, store=RedisIdempotencyStore(redis_client, prefix=redis_prefix))
+    assert again(to="a@example.com").value == {"id": "msg-1"}
+    assert sent == ["a@example.com"]
+
+
+def test_redis_down_for_longer_than_the_wait_keeps_the_result_for_later(
+    redis_client: Any, redis_prefix: str, proxy: CuttableProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = RedisIdempotencyStore(url=proxy.url, prefix=redis_prefix, timeout_s=0.2)
+    sent: list[str] = []
+
+    def send_email(to: str) -> dict[str, str]:
+        sent.append(to)
+        proxy.cut()
+        return {"id": f"msg-{len(sent)}"}
+
+    tool = Idempotent(send_email, store=store, record_wait_s=0.2)
+    with caplog.at_level(logging.WARNING, logger="tripwire.idempotency"):
+        first = tool(to="a@example.com")
+    assert (first.status, first.value) == ("executed", {"id": "msg-1"})
+    assert "ran, but its result could not be recorded" in caplog.text
+    assert "not running" not in caplog.text
+    key = f"{redis_prefix}:{first.operation_id}"
+    assert redis_client.get(key) == b"p"  # claimed; the result is held in this process
+    replay = tool(to="a@example.com")  # Redis still unreachable: replayed from memory
+    assert (replay.status, replay.value) == ("already_sent", {"id": "msg-1"})
+    with pytest.raises(RunStopped):  # a new operation cannot be claimed meanwhile
+        tool(to="b@example.com")
+    proxy.restore()
+    tool(to="c@example.com")  # the store answers: the held record is written first
+    assert redis_client.get(key) == b'd{"id":"msg-1"}'
+    assert sent == ["a@example.com", "c@example.com"]
+
+
+def test_a_claim_that_cannot_reach_redis_says_it_did_not_run(proxy: CuttableProxy) -> None:
+    runs: list[str] = []
+    tool = Idempotent(
+        lambda to: runs.append(to),
+        store=RedisIdempotencyStore(url=proxy.url, timeout_s=0.2),
+        tool="send_email",
+    )
+    proxy.cut()
+    with pytest.raises(RunStopped) as info:
+        tool(to="a@example.com")
+    assert "cannot be checked; not running it now" in str(info.value)
+    assert runs == []

@@ -149,3 +149,17 @@ def test_missing_jsonschema_names_the_extra(
     with pytest.raises(ModuleNotFoundError) as info:
         FileCheck(path=tmp_path / "x.json", json_schema=SCHEMA)
     assert "pip install 'tripwire[verify]'" in str(info.value)
+
+
+def test_a_timed_out_sha256_check_stops_hashing(tmp_path: Path) -> None:
+    import threading
+
+    big = tmp_path / "huge.bin"
+    with big.open("wb") as handle:
+        handle.truncate(64 << 30)  # 64 GiB, sparse: reading it takes far longer than 0.2 s
+    before = {t for t in threading.enumerate() if t.name == "tripwire-verify-file"}
+    receipt = FileCheck(path=big, sha256="0" * 64, timeout_s=0.2)()
+    assert receipt.passed is False
+    assert receipt.error == "timed out after 0.2 s"
+    left = {t for t in threading.enumerate() if t.name == "tripwire-verify-file"} - before
+    assert {t for t in left if t.is_alive()} == set()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from tripwire.core.receipt import VerifierKind
 from tripwire.errors import ConfigError
 from tripwire.verify import HttpCheck
+from tripwire.verify._http import redact_url
 
 from .conftest import LocalServer
 
@@ -101,3 +104,55 @@ def test_bad_settings_fail_at_construction(kwargs: dict[str, object], field: str
     with pytest.raises(ConfigError) as info:
         HttpCheck(**kwargs)  # type: ignore[arg-type]
     assert info.value.field == field
+
+
+# --- issue 16: a call documented never to raise, and a timeout that leaves nothing behind ------
+
+
+def test_a_port_out_of_range_is_refused_when_built_and_never_raises_later() -> None:
+    with pytest.raises(ConfigError) as info:
+        HttpCheck(url="http://127.0.0.1:99999/version")
+    assert info.value.field == "HttpCheck.url"
+    assert "port" in info.value.expected
+    assert redact_url("http://user:pw@127.0.0.1:99999/v?t=1") == "http://127.0.0.1:?/v?…"
+
+
+class DrippingServer:
+    """Answers 200 and then sends one body byte every 50 ms, forever (until the peer closes)."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.closed_by_peer = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.server.accept()
+        conn.recv(65536)
+        try:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n")
+            while True:
+                conn.sendall(b"x")
+                time.sleep(0.05)
+        except OSError:
+            self.closed_by_peer.set()
+        finally:
+            conn.close()
+            self.server.close()
+
+
+def verify_threads(kind: str) -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == f"tripwire-verify-{kind}"}
+
+
+def test_a_timed_out_check_leaves_no_thread_or_socket_behind() -> None:
+    server = DrippingServer()
+    before = verify_threads("http")
+    receipt = HttpCheck(
+        url=f"http://127.0.0.1:{server.port}/version", contains="1.4.2", timeout_s=0.3, clock=clock
+    )()
+    assert receipt.passed is False
+    assert receipt.error == "timed out after 0.3 s"
+    assert {t for t in verify_threads("http") - before if t.is_alive()} == set()
+    # The socket was closed: the server's next write failed (waits at most 5 s, never times).
+    assert server.closed_by_peer.wait(5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -188,3 +189,102 @@ def test_postgres_slow_query_times_out(postgres_url: str) -> None:
     assert receipt.passed is False
     assert receipt.error is not None
     assert time.monotonic() - started < 3
+
+
+# --- issue 16: errors are redacted like everything else ------------------------------------------
+
+EMAIL = "alice.smith@example.com"
+
+
+def test_a_postgres_driver_error_does_not_leak_the_bind_parameter(
+    postgres_url: str, pg_table: str
+) -> None:
+    receipt = SqlRowCheck(
+        url=postgres_url,
+        query=f"SELECT status FROM {pg_table} WHERE number = :number AND CAST(:email AS integer) > 0",
+        params={"number": "INV-0042", "email": EMAIL},
+        expected={"status": "sent"},
+        clock=clock,
+    )()
+    assert receipt.passed is False
+    assert receipt.error is not None
+    assert receipt.error.startswith("DataError: ") and "invalid input syntax" in receipt.error
+    assert EMAIL not in json.dumps(receipt.to_dict())
+    assert "alice" not in receipt.error
+
+
+def test_a_sqlite_driver_error_does_not_leak_the_bind_parameter(sqlite_url: str) -> None:
+    receipt = SqlRowCheck(
+        url=sqlite_url,
+        query="SELECT json_extract('{}', :path) AS x",
+        params={"path": EMAIL},
+        clock=clock,
+    )()
+    assert receipt.passed is False
+    assert receipt.error is not None and "JSON path error" in receipt.error
+    assert EMAIL not in json.dumps(receipt.to_dict())
+
+
+def test_explain_shows_the_redacted_error_of_a_failed_check(
+    postgres_url: str, pg_table: str, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from tripwire.cli import app
+    from tripwire.core.reasons import StopReason
+    from tripwire.core.receipt import EndKind, StopReceipt
+
+    outcome = SqlRowCheck(
+        url=postgres_url,
+        query=f"SELECT status FROM {pg_table} WHERE CAST(:email AS integer) > 0",
+        params={"email": EMAIL},
+        clock=clock,
+    )()
+    path = tmp_path / "receipt.json"
+    path.write_text(
+        StopReceipt(
+            run_id="run-1",
+            agent="crm-bot",
+            end=EndKind.NATURAL_FINISH,
+            reason=StopReason.COMPLETED,
+            outcomes=(outcome,),
+        ).to_json()
+    )
+    for args in (["explain", str(path)], ["explain", str(path), "--json"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert "FALSE_COMPLETE" in result.stdout or "false_complete" in result.stdout
+        assert "invalid input syntax" in " ".join(result.stdout.split())
+        assert EMAIL not in result.stdout and "alice" not in result.stdout
+
+
+def test_explain_says_why_a_check_failed_without_an_error(sqlite_url: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tripwire.cli import app
+    from tripwire.core.reasons import StopReason
+    from tripwire.core.receipt import EndKind, StopReceipt
+
+    outcome = SqlRowCheck(
+        url=sqlite_url,
+        query=QUERY,
+        params={"number": "INV-0042"},
+        expected={"status": "paid"},
+        clock=clock,
+    )()
+    assert outcome.error is None
+    path = tmp_path / "receipt.json"
+    path.write_text(
+        StopReceipt(
+            run_id="run-1",
+            agent="billing-bot",
+            end=EndKind.NATURAL_FINISH,
+            reason=StopReason.COMPLETED,
+            outcomes=(outcome,),
+        ).to_json()
+    )
+    text = " ".join(CliRunner().invoke(app, ["explain", str(path)]).stdout.split())
+    assert "reason: natural_finish, but the sql check of" in text
+    assert text.count("status: expected 'paid', observed 'sent'") == 2  # the reason and the row
+    data = json.loads(CliRunner().invoke(app, ["explain", str(path), "--json"]).stdout)
+    assert data["reason"].endswith("failed: status: expected 'paid', observed 'sent'")

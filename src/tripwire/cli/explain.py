@@ -100,7 +100,7 @@ def _facts(receipt: StopReceipt) -> list[tuple[str, str]]:
     rows.append(("outcome policy", receipt.requires_outcome.value))
     for outcome in receipt.outcomes:
         mark = "passed" if outcome.passed else "FAILED"
-        detail = f": {outcome.error}" if outcome.error else ""
+        detail = f": {outcome.failure}" if outcome.failure else ""
         rows.append(
             (
                 f"outcome ({outcome.kind.value}, {outcome.evidence.value})",

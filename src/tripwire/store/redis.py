@@ -307,6 +307,15 @@ class RedisLedger:
 class RedisIdempotencyStore:
     """Operation records in Redis (``SET NX`` claims). Fails closed when Redis is unreachable.
 
+    The records are only as durable as Redis: a Redis that restarts without persistence
+    (no AOF and no RDB snapshot, or one older than the record) has forgotten every operation,
+    so a repeated operation *runs again*; so does one whose record expired (``ttl_s``). Use
+    ``appendonly yes`` (``appendfsync everysec`` loses at most a second), or the SQLite store,
+    for side effects that must never repeat. A claim that cannot reach Redis raises
+    :class:`~tripwire.store.base.StoreUnavailable` and the action does not run; a record that
+    cannot be written after the action ran is retried and then kept by the wrapper (see
+    :mod:`tripwire.idempotency`): that failure is never reported as "not running".
+
     Args:
         client: a Redis client; default :func:`connect` ``(url, timeout_s=timeout_s)``.
         url: where Redis is, when no client is given.

@@ -9,7 +9,14 @@ from typing import Any
 
 from tripwire.core.receipt import Evidence, OutcomeReceipt, Scalar, VerifierKind
 from tripwire.errors import ConfigError
-from tripwire.verify._common import DEFAULT_TIMEOUT_S, Clock, Finding, check_timeout, run_check
+from tripwire.verify._common import (
+    DEFAULT_TIMEOUT_S,
+    Clock,
+    Deadline,
+    Finding,
+    check_timeout,
+    run_check,
+)
 
 __all__ = ["CheckResult", "CustomCheck"]
 
@@ -64,7 +71,7 @@ class CustomCheck:
             evidence=self.evidence,
         )
 
-    def _check(self) -> Finding:
+    def _check(self, deadline: Deadline) -> Finding:
         result: Any = self.fn()
         if isinstance(result, bool):
             return Finding(result, {"passed": result})

@@ -18,6 +18,7 @@ from tripwire.errors import ConfigError
 from tripwire.verify._common import (
     DEFAULT_TIMEOUT_S,
     Clock,
+    Deadline,
     Finding,
     check_timeout,
     require,
@@ -133,7 +134,7 @@ class FileCheck:
             body=self._check,
         )
 
-    def _check(self) -> Finding:
+    def _check(self, deadline: Deadline) -> Finding:
         path = Path(self.path)
         if not path.is_file():
             what = "is not a regular file" if path.exists() else "does not exist"
@@ -148,6 +149,7 @@ class FileCheck:
             digest = hashlib.sha256()
             with path.open("rb") as handle:
                 for chunk in iter(lambda: handle.read(_CHUNK), b""):
+                    deadline.check()  # a timed-out check stops hashing
                     digest.update(chunk)
             observed["sha256"] = digest.hexdigest()
             passed = passed and observed["sha256"] == self.sha256

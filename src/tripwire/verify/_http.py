@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from tripwire.errors import ConfigError
 from tripwire.verify._common import (
     DEFAULT_TIMEOUT_S,
     Clock,
+    Deadline,
     Finding,
     check_timeout,
     require,
@@ -25,14 +27,32 @@ _METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "O
 
 
 def redact_url(url: str) -> str:
-    """The URL without user info, query string or fragment (they often carry tokens)."""
+    """The URL without user info, query string or fragment (they often carry tokens).
+
+    Never raises: a port that is not a number 0..65535 is shown as ``:?``.
+    """
     parts = urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
-    netloc = f"{host}:{parts.port}" if parts.port else host
+    try:
+        port = parts.port
+    except ValueError:
+        netloc = f"{host}:?"
+    else:
+        netloc = f"{host}:{port}" if port else host
     query = "?…" if parts.query else ""
     return urlunsplit((parts.scheme, netloc, parts.path, "", "")) + query
+
+
+def _port_error(url: str) -> str | None:
+    try:
+        port = urlsplit(url).port
+    except ValueError:
+        return "a port 1..65535"
+    if port == 0:
+        return "a port 1..65535"
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +90,13 @@ class HttpCheck:
             raise ConfigError("HttpCheck.url", "<url>", "an http:// or https:// URL")
         if not urlsplit(self.url).hostname:
             raise ConfigError("HttpCheck.url", redact_url(self.url), "a URL with a host")
+        bad_port = _port_error(self.url)
+        if bad_port is not None:
+            raise ConfigError("HttpCheck.url", redact_url(self.url), f"a URL with {bad_port}")
+        if not isinstance(self.headers, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()
+        ):
+            raise ConfigError("HttpCheck.headers", "<headers>", "a mapping of str to str")
         status = self.expected_status
         if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
             raise ConfigError("HttpCheck.expected_status", status, "an HTTP status 100..599")
@@ -102,19 +129,32 @@ class HttpCheck:
             timeout_s=self.timeout_s,
             clock=self.clock,
             body=self._check,
+            secrets=self.headers.values(),
         )
 
-    def _check(self) -> Finding:
+    def _check(self, deadline: Deadline) -> Finding:
+        # Async on this worker thread's own event loop: when the deadline passes, wait_for
+        # cancels the request, which closes its socket, and the thread ends with it (a
+        # blocking client would hold both until its own per-read timeouts ran out).
+        return asyncio.run(self._acheck(deadline))
+
+    async def _acheck(self, deadline: Deadline) -> Finding:
+        try:
+            return await asyncio.wait_for(self._request(), max(deadline.remaining(), 0.001))
+        except asyncio.TimeoutError:
+            raise TimeoutError("the request ran out of time") from None
+
+    async def _request(self) -> Finding:
         httpx = require("httpx")
-        with (
-            httpx.Client(timeout=self.timeout_s, follow_redirects=self.follow_redirects) as client,
-            client.stream(self.method, self.url, headers=dict(self.headers)) as response,
+        async with (
+            httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=self.follow_redirects) as c,
+            c.stream(self.method, self.url, headers=dict(self.headers)) as response,
         ):
             observed: dict[str, Scalar] = {"status": response.status_code}
             passed = response.status_code == self.expected_status
             if self.contains is not None:
                 body = bytearray()
-                for chunk in response.iter_bytes():
+                async for chunk in response.aiter_bytes():
                     body.extend(chunk)
                     if len(body) >= self.max_body_bytes:
                         break

@@ -17,7 +17,14 @@ from typing import Any, Final
 
 from tripwire.core.receipt import Evidence, OutcomeReceipt, Scalar, VerifierKind
 from tripwire.errors import ConfigError
-from tripwire.verify._common import Clock, Finding, check_timeout, require, run_check
+from tripwire.verify._common import (
+    Clock,
+    Deadline,
+    Finding,
+    check_timeout,
+    require,
+    run_check,
+)
 from tripwire.verify._http import redact_url
 
 __all__ = ["JUDGE_SYSTEM_PROMPT", "ChatFn", "LLMJudge", "parse_verdict"]
@@ -177,10 +184,11 @@ class LLMJudge:
             clock=self.clock,
             body=self._check,
             evidence=Evidence.JUDGE,
+            secrets=(self.api_key,) if self.api_key else (),
         )
 
-    def _check(self) -> Finding:
-        reply = self._ask()
+    def _check(self, deadline: Deadline) -> Finding:
+        reply = self._ask(deadline)
         observed: dict[str, Scalar] = {"model": self.model or "callable"}
         try:
             done, confidence = parse_verdict(reply)
@@ -193,7 +201,7 @@ class LLMJudge:
             passed = passed and confidence is not None and confidence >= self.min_confidence
         return Finding(passed, observed)
 
-    def _ask(self) -> str:
+    def _ask(self, deadline: Deadline) -> str:
         if self.chat is not None:
             reply: Any = self.chat(self.messages())
             if not isinstance(reply, str):
@@ -209,7 +217,7 @@ class LLMJudge:
             "max_tokens": 200,
         }
         url = self.base_url.rstrip("/") + "/chat/completions"
-        with httpx.Client(timeout=self.timeout_s) as client:
+        with httpx.Client(timeout=max(deadline.remaining(), 0.001)) as client:
             response = client.post(url, json=payload, headers=headers)
         if response.status_code != 200:
             # Not the body: an endpoint may echo the prompt back in its error.

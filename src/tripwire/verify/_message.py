@@ -9,7 +9,14 @@ from typing import Final
 
 from tripwire.core.receipt import OutcomeReceipt, Scalar, VerifierKind
 from tripwire.errors import ConfigError
-from tripwire.verify._common import DEFAULT_TIMEOUT_S, Clock, Finding, check_timeout, run_check
+from tripwire.verify._common import (
+    DEFAULT_TIMEOUT_S,
+    Clock,
+    Deadline,
+    Finding,
+    check_timeout,
+    run_check,
+)
 
 __all__ = ["DEFAULT_RECEIPT_ID_PATTERN", "MessageCheck"]
 
@@ -66,7 +73,7 @@ class MessageCheck:
             body=self._check,
         )
 
-    def _check(self) -> Finding:
+    def _check(self, deadline: Deadline) -> Finding:
         receipt_id = (self.receipt_id or "").strip()
         if not receipt_id:
             return Finding(False, {"present": False})

@@ -15,6 +15,7 @@ from tripwire.errors import ConfigError
 from tripwire.verify._common import (
     DEFAULT_TIMEOUT_S,
     Clock,
+    Deadline,
     Finding,
     check_timeout,
     require,
@@ -119,9 +120,10 @@ class SqlRowCheck:
             timeout_s=self.timeout_s,
             clock=self.clock,
             body=self._check,
+            secrets=self.params.values(),
         )
 
-    def _check(self) -> Finding:
+    def _check(self, deadline: Deadline) -> Finding:
         sqlalchemy = require("sqlalchemy")
         engine = self.engine
         own = engine is None
@@ -136,7 +138,7 @@ class SqlRowCheck:
         try:
             with engine.connect() as conn, conn.begin():
                 if engine.dialect.name == "postgresql":
-                    ms = max(1, int(self.timeout_s * 1000))
+                    ms = max(1, int(deadline.remaining() * 1000))
                     conn.exec_driver_sql(f"SET LOCAL statement_timeout = {ms}")
                 result = conn.execute(sqlalchemy.text(self.query), dict(self.params))
                 row = result.mappings().first()
