@@ -2,8 +2,9 @@
 
 The "model" is a list of canned turns: it looks up a refund policy, sends one e-mail (twice,
 the second time deduplicated by the idempotency wrapper), then gets stuck searching the same
-query again and again. The guard shows budget advisories to the model, stops the loop, and the
-runner's partial-answer hook turns the work done so far into an answer instead of losing it.
+query again and again. The guard shows budget advisories to the model, refuses the 4th
+identical search before it runs (the loop), and the runner's partial-answer hook turns the work
+done so far into an answer instead of losing it.
 
 Run: python examples/guarded_tool_loop.py
 """
@@ -43,6 +44,7 @@ SCRIPT = [
 ]
 
 sent_emails: list[str] = []
+searches_run: list[str] = []
 
 
 @idempotent(MemoryIdempotencyStore())
@@ -53,6 +55,7 @@ def send_email(to: str, subject: str) -> dict[str, str]:
 
 def run_tool(name: str, args: dict[str, Any]) -> ToolResult:
     if name == "search_docs":
+        searches_run.append(args["query"])
         hits = ["policy-7", "faq-2"] if args["query"] == "refund policy" else []
         return ToolResult.success({"hits": hits})
     if name == "read_doc":
@@ -119,6 +122,9 @@ def main() -> int:
         print("receipt:", receipt.reason.value if receipt.reason else None, receipt.condition)
         assert stop.reason.value == "loop_detected"
         assert sent_emails == ["ana@example.com"], sent_emails  # acted once
+        # the stuck search ran 3 times: the 4th was refused before its body ran
+        assert searches_run.count("refund status ana") == 3, searches_run
+        assert receipt.after_stop is not None and not receipt.after_stop.active
         return 0
     print("\n".join(transcript))
     return 1  # the script is built to end in a detected loop

@@ -7,6 +7,7 @@ import pickle
 import threading
 import uuid
 import warnings
+from typing import Any
 
 import pytest
 
@@ -148,7 +149,7 @@ def test_duplicate_calls(cap: int, allowed: int) -> None:
     guard2.before_tool("search", {"q": "b"})  # different arguments: fine
 
 
-def test_loop_detected_after_tool_with_partial_answer() -> None:
+def test_loop_detected_before_the_fourth_call_with_partial_answer() -> None:
     guard = Guard()
     guard.partial_answer = lambda snap: f"stopped after {snap.counters.tool_calls} calls"
     with pytest.raises(LoopDetected) as info:
@@ -160,7 +161,7 @@ def test_loop_detected_after_tool_with_partial_answer() -> None:
     exc = info.value
     assert exc.reason is StopReason.LOOP_DETECTED
     assert (exc.rule, exc.tool, exc.hits, exc.call_index) == (Rule.REPETITION, "search_docs", 4, 4)
-    assert exc.partial == "stopped after 4 calls"
+    assert exc.partial == "stopped after 3 calls"  # the 4th was refused before it ran
     assert guard.snapshot().verdict is Verdict.STUCK
 
 
@@ -189,11 +190,23 @@ def test_retryable_errors_and_successes_do_not_refuse() -> None:
     guard = Guard(loop_policy=None)
     guard.before_tool("fetch", {"u": 1})
     guard.after_tool("fetch", {"u": 1}, ToolResult.error("timeout", retryable=True))
+    guard.before_tool("fetch", {"u": 1})  # a retryable error: the retry is allowed
+    guard.after_tool("fetch", {"u": 1}, ToolResult.success("ok"))
+    guard.before_tool("fetch", {"u": 1})  # and so is a call that succeeded before
+    guard.after_tool("fetch", {"u": 1}, ToolResult.error("gone", retryable=False))
+    with pytest.raises(LoopDetected):
+        guard.before_tool("fetch", {"u": 1})
+
+
+def test_a_non_retryable_failure_is_forgotten_after_a_window_of_calls() -> None:
+    # The watcher decides retry-of-non-retryable for the calls still in its window.
+    guard = Guard(loop_policy=None)
     guard.before_tool("fetch", {"u": 1})
     guard.after_tool("fetch", {"u": 1}, ToolResult.error("gone", retryable=False))
-    # a success of the same call (e.g. reported by another path) clears the refusal
-    guard.after_tool("fetch", {"u": 1}, ToolResult.success("ok"))
-    guard.before_tool("fetch", {"u": 1})
+    for i in range(9):
+        guard.before_tool("other", {"i": i})
+        guard.after_tool("other", {"i": i}, ToolResult.success(i))
+    guard.before_tool("fetch", {"u": 1})  # 10 calls later: no longer in the window
 
 
 def test_tool_result_validation() -> None:
@@ -519,7 +532,491 @@ def test_results_differing_only_in_numbers_are_no_new_evidence() -> None:
     for i in range(3):
         guard.before_tool("create_order", {"sku": "A-1"})
         guard.after_tool("create_order", {"sku": "A-1"}, ToolResult.success(f"order {1000 + i} created"))
-    guard.before_tool("create_order", {"sku": "A-1"})
     with pytest.raises(LoopDetected) as info:
-        guard.after_tool("create_order", {"sku": "A-1"}, ToolResult.success("order 1003 created"))
+        guard.before_tool("create_order", {"sku": "A-1"})  # refused before it runs
     assert (info.value.rule, info.value.call_index) == (Rule.REPETITION, 4)
+
+
+# -- refuse, don't report (issue 14) ------------------------------------------------------
+
+
+class ScriptedLoop:
+    """A hand-written tool loop: the model asks for ``calls`` in order; counts tool bodies."""
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+        self.bodies: list[tuple[str, str]] = []
+
+    def search_docs(self, query: str) -> str:
+        self.bodies.append(("search_docs", query))
+        return "no results" if query == "refund policy" else f"what we know about {query}"
+
+    def run(self, queries: list[str]) -> list[str]:
+        messages: list[str] = []
+        for query in queries:
+            args = {"query": query}
+            verdict = self.guard.before_tool("search_docs", args)
+            if not verdict.allowed:
+                messages.append(verdict.message)  # given to the model instead of a result
+                continue
+            result = self.search_docs(**args)
+            self.guard.after_tool("search_docs", args, ToolResult.success(result))
+        return messages
+
+
+def test_the_fourth_identical_call_is_refused_before_its_body_runs() -> None:
+    loop = ScriptedLoop(Guard())
+    with pytest.raises(LoopDetected) as info:
+        loop.run(["refund policy"] * 10)
+    assert len(loop.bodies) == 3
+    assert (info.value.rule, info.value.hits, info.value.call_index) == (Rule.REPETITION, 4, 4)
+    assert info.value.counters.tool_calls == 3
+
+
+def test_a_batch_with_a_stuck_call_is_refused_before_any_of_it_runs() -> None:
+    guard = Guard()
+    args = {"query": "refund policy"}
+    for _ in range(3):
+        guard.before_tool("search_docs", args)
+        guard.after_tool("search_docs", args, ToolResult.success("no results"))
+    with pytest.raises(LoopDetected):
+        guard.before_tools([("read_doc", {"id": 1}), ("search_docs", dict(args))])
+    assert guard.snapshot().counters.tool_calls == 3
+
+
+def test_repeated_calls_whose_results_change_are_not_refused() -> None:
+    guard = Guard()
+    for state in ("queued", "starting", "running", "copying", "indexing", "finished"):
+        guard.before_tool("poll_job", {"job": 7})
+        guard.after_tool("poll_job", {"job": 7}, ToolResult.success(state))
+    assert guard.reason is None and guard.snapshot().counters.tool_calls == 6
+
+
+# -- nudge mode ---------------------------------------------------------------------------
+
+
+NUDGE = (
+    "You called search_docs with the same arguments 4 times and it returned the same result. "
+    "Try a different approach, or stop and report what you found."
+)
+
+
+def test_nudge_refuses_the_fourth_call_softly_and_does_not_count_it() -> None:
+    loop = ScriptedLoop(Guard(on_loop="nudge"))
+    messages = loop.run(["refund policy"] * 4)
+    assert messages == [NUDGE]
+    assert len(loop.bodies) == 3
+    snap = loop.guard.snapshot()
+    assert snap.counters.tool_calls == 3 and snap.reason is None
+    assert loop.guard.nudged is not None and loop.guard.nudged.rule is Rule.REPETITION
+
+
+def test_nudge_advisory_fields() -> None:
+    guard = Guard(on_loop="nudge")
+    args = {"query": "refund policy", "customer_email": "ana@example.com"}
+    for _ in range(3):
+        guard.before_tool("search_docs", args)
+        guard.after_tool("search_docs", args, ToolResult.success("no results"))
+    adv = guard.before_tool("search_docs", args)
+    assert (adv.allowed, adv.level, adv.limit_name) == (False, Level.RESTRICT, "loop")
+    assert adv.message == NUDGE
+    assert "ana@example.com" not in adv.message and "refund policy" not in adv.message
+
+
+def test_a_model_that_obeys_the_nudge_carries_on_untouched() -> None:
+    guard = Guard(Limits(max_tool_calls=40), on_loop="nudge")
+    loop = ScriptedLoop(guard)
+    topics = [f"topic {a}{b}" for a in "abcde" for b in "fghijk"]
+    messages = loop.run(["refund policy"] * 4 + topics)
+    assert messages == [NUDGE]
+    assert len(loop.bodies) == 33
+    guard.finish()
+    receipt = guard.receipt("support")
+    assert receipt.reason is StopReason.COMPLETED
+    assert receipt.condition["nudged_at_call"] == 4
+
+
+def test_a_model_that_ignores_the_nudge_is_stopped_at_its_next_repeated_call() -> None:
+    guard = Guard(on_loop="nudge")
+    loop = ScriptedLoop(guard)
+    with pytest.raises(LoopDetected) as info:
+        loop.run(["refund policy"] * 10)
+    assert len(loop.bodies) == 3  # the nudged call and the one after it never ran
+    assert info.value.reason is StopReason.LOOP_DETECTED
+    receipt = guard.receipt("support")
+    assert receipt.reason is StopReason.LOOP_DETECTED
+    assert receipt.condition["nudged_at_call"] == 4
+
+
+def test_the_nudge_is_not_sticky() -> None:
+    guard = Guard(on_loop="nudge")
+    loop = ScriptedLoop(guard)
+    assert loop.run(["refund policy"] * 4 + ["refund status ana"]) == [NUDGE]
+    assert loop.bodies[-1] == ("search_docs", "refund status ana")
+
+
+def test_after_a_nudge_decided_after_the_call_any_trip_stops_the_run() -> None:
+    # Different arguments each time, the same result: the same-result rule trips after the
+    # call (the watcher could not know the result before). The first time is a nudge, handed
+    # out by the next before_tool; at the next trip, even with the verdict unchanged, the run
+    # stops.
+    guard = Guard(on_loop="nudge")
+    bodies = 0
+    given: list[str] = []
+    with pytest.raises(LoopDetected) as info:
+        for i in range(20):
+            adv = guard.before_tool("lookup", {"order": i})
+            if not adv.allowed:
+                given.append(adv.message)
+                continue
+            bodies += 1
+            guard.after_tool("lookup", {"order": i}, ToolResult.success("not found"))
+    assert info.value.rule is Rule.SAME_RESULT
+    assert len(given) == 1 and given[0].startswith("You called lookup 8 times in a row")
+    assert bodies == 9  # 8 to trip, the nudge instead of the 9th, one more to trip again
+
+
+def test_nudge_of_a_retry_of_a_non_retryable_failure() -> None:
+    guard = Guard(on_loop="nudge")
+    guard.before_tool("charge", {"card": "4242"})
+    guard.after_tool("charge", {"card": "4242"}, ToolResult.error("card_declined", retryable=False))
+    adv = guard.before_tool("charge", {"card": "4242"})
+    assert not adv.allowed and adv.limit_name == "loop"
+    assert adv.message.startswith("You called charge again with the same arguments after it failed")
+    with pytest.raises(LoopDetected) as info:
+        guard.before_tool("charge", {"card": "4242"})
+    assert info.value.reason is StopReason.RETRY_OF_NON_RETRYABLE
+
+
+def test_on_loop_is_validated() -> None:
+    with pytest.raises(ConfigError) as info:
+        Guard(on_loop="page")  # type: ignore[arg-type]
+    assert info.value.field == "on_loop"
+
+
+# -- graceful last step -------------------------------------------------------------------
+
+
+def test_the_last_step_keeps_its_answer_and_the_run_ends_on_max_steps() -> None:
+    guard = Guard(Limits(max_steps=2), loop_policy=None, prices=None)
+    guard.before_step()
+    guard.record_usage(input_tokens=10, output_tokens=10)
+    last = guard.before_step()
+    assert last.level is Level.RESTRICT and last.limit_name == "max_steps"
+    assert guard.record_usage(input_tokens=10, output_tokens=10).level is Level.RESTRICT
+    assert guard.reason is StopReason.MAX_STEPS
+    guard.finish()
+    receipt = guard.receipt("writer")
+    assert receipt.reason is StopReason.MAX_STEPS and receipt.counters.steps == 2
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_step()
+    assert info.value.reason is StopReason.MAX_STEPS
+
+
+def test_the_last_steps_usage_may_cross_the_cost_limit_without_raising() -> None:
+    guard = Guard(Limits(max_cost_usd=0.10), loop_policy=None)
+    guard.before_step()
+    assert guard.record_usage(cost_usd=0.095).level is Level.RESTRICT
+    last = guard.before_step()
+    assert last.level is Level.RESTRICT and last.limit_name == "max_cost_usd"
+    refusal = guard.before_tool("search", {"q": 1})
+    assert not refusal.allowed  # the last step is tool-less
+    guard.record_usage(cost_usd=0.02)  # crosses 0.10: recorded, not raised
+    assert guard.snapshot().counters.cost_usd == pytest.approx(0.115)
+    assert guard.reason is StopReason.MAX_COST
+    assert guard.stopped is None
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_step()
+    assert info.value.reason is StopReason.MAX_COST
+    assert info.value.observed == pytest.approx(0.115)
+
+
+def test_the_last_step_under_a_nearly_spent_token_budget() -> None:
+    guard = Guard(Limits(max_total_tokens=1000), loop_policy=None, prices=None)
+    guard.before_step()
+    guard.record_usage(input_tokens=900, output_tokens=0)
+    assert guard.before_step().level is Level.RESTRICT
+    guard.record_usage(input_tokens=50, output_tokens=10)  # 960: still under
+    assert guard.reason is StopReason.MAX_TOTAL_TOKENS
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_step()
+    assert info.value.reason is StopReason.MAX_TOTAL_TOKENS
+    assert info.value.counters.steps == 2
+
+
+def test_usage_outside_a_last_step_still_stops_at_the_limit() -> None:
+    guard = Guard(Limits(max_cost_usd=0.10), loop_policy=None)
+    guard.before_step()
+    with pytest.raises(BudgetExceeded):
+        guard.record_usage(cost_usd=0.2)
+
+
+# -- a tool-call cap never refuses the final answer ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [
+        (Limits(max_tool_calls=2), StopReason.MAX_TOOL_CALLS),
+        (Limits(tool_caps={"search": 2}), StopReason.MAX_TOOL_CALLS_FOR_TOOL),
+        (Limits(max_duplicate_calls=2), StopReason.MAX_DUPLICATE_CALLS),
+    ],
+)
+def test_a_tool_call_cap_leaves_one_tool_less_step(limits: Limits, reason: StopReason) -> None:
+    guard = Guard(limits, loop_policy=None, prices=None)
+    guard.before_step()
+    guard.before_tool("search", {"q": 1})
+    guard.before_tool("search", {"q": 1})
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_tool("search", {"q": 1})
+    assert info.value.reason is reason
+    last = guard.before_step()  # the final answer is not refused
+    assert last.level is Level.RESTRICT and "answer now" in last.message
+    guard.record_usage(input_tokens=10, output_tokens=5)
+    assert guard.snapshot().after_stop_model_calls == 0
+    with pytest.raises(BudgetExceeded):
+        guard.before_tool("search", {"q": 2})
+    with pytest.raises(BudgetExceeded) as again:
+        guard.before_step()
+    assert again.value is info.value
+    assert guard.receipt("r").reason is reason
+
+
+def test_max_tool_calls_does_not_refuse_a_step_below_it() -> None:
+    guard = Guard(Limits(max_tool_calls=1, max_steps=5), loop_policy=None)
+    guard.before_step()
+    guard.before_tool("a", {})
+    assert guard.before_step().ok
+
+
+# -- activity after a stop ----------------------------------------------------------------
+
+
+def _stopped_by_a_loop() -> Guard:
+    guard = Guard()
+    with pytest.raises(LoopDetected):
+        ScriptedLoop(guard).run(["refund policy"] * 4)
+    return guard
+
+
+def test_activity_after_the_stop_raises_and_is_counted() -> None:
+    guard = _stopped_by_a_loop()
+    snap = guard.snapshot()
+    assert (snap.after_stop_model_calls, snap.after_stop_tool_calls) == (0, 0)
+    # the framework swallowed the stop and went on: one more model call, two tool calls
+    with pytest.raises(LoopDetected):
+        guard.before_step()
+    with pytest.raises(LoopDetected):
+        guard.record_usage(input_tokens=5)  # the same model call: counted once
+    with pytest.raises(LoopDetected):
+        guard.before_tool("search_docs", {"query": "refund policy"})
+    with pytest.raises(LoopDetected):
+        guard.after_tool("search_docs", {"query": "refund policy"}, ToolResult.success("x"))
+    with pytest.raises(LoopDetected):  # a tool body that ran without asking
+        guard.after_tool("read_doc", {"id": 1}, ToolResult.success("x"))
+    with pytest.raises(LoopDetected):  # a model call reported without before_step
+        guard.record_usage(input_tokens=5)
+    snap = guard.snapshot()
+    assert (snap.after_stop_model_calls, snap.after_stop_tool_calls) == (2, 2)
+
+
+def test_a_batch_call_that_finishes_after_the_stop_is_not_activity_after_it() -> None:
+    guard = Guard()
+    args = {"query": "refund policy"}
+    for _ in range(2):
+        guard.before_tool("search_docs", args)
+        guard.after_tool("search_docs", args, ToolResult.success("no results"))
+    batch = [("search_docs", args), ("read_doc", {"id": 1})]
+    guard.before_tools(batch)  # allowed: the 3rd search, and a read
+    guard.after_tool("search_docs", args, ToolResult.success("no results"))
+    with pytest.raises(LoopDetected):
+        guard.before_tool("search_docs", args)  # the 4th: the stop
+    # the read was running when the run stopped: it finishes, and is no activity after it
+    assert guard.after_tool("read_doc", {"id": 1}, ToolResult.success("doc")) is None
+    assert guard.snapshot().after_stop_tool_calls == 0
+    with pytest.raises(LoopDetected):
+        guard.before_tool("search_docs", args)
+    assert guard.snapshot().after_stop_tool_calls == 1
+
+
+# -- receipts -----------------------------------------------------------------------------
+
+
+def test_receipt_takes_a_reason_and_records_wall_clock_times() -> None:
+    import time
+
+    from tripwire.core.receipt import EndKind, StopReceipt
+
+    clock = FakeClock()
+    before = time.time()
+    guard = Guard(loop_policy=None, clock=clock)
+    after = time.time()
+    guard.before_step()
+    clock.now += 5
+    receipt = guard.receipt("writer", reason=StopReason.USER_CANCELLED)
+    assert isinstance(receipt, StopReceipt)
+    assert receipt.reason is StopReason.USER_CANCELLED and receipt.end is EndKind.USER_ABORT
+    assert receipt.started_at is not None and before <= receipt.started_at <= after
+    assert receipt.ended_at == pytest.approx(receipt.started_at + 5)
+    assert receipt.counters.duration_s == 5
+
+
+def test_receipt_of_a_finished_run_classifies_as_a_finish() -> None:
+    from tripwire.core.receipt import HealthState, classify
+
+    guard = Guard(loop_policy=None)
+    guard.before_step()
+    guard.finish()
+    assert classify(guard.receipt("writer")).state is HealthState.FALSE_COMPLETE
+
+
+def test_receipt_of_an_unfinished_run_warns_to_call_finish() -> None:
+    import tripwire.guard._guard as guard_module
+
+    guard_module._UNFINISHED_WARNED.clear()
+    guard = Guard(loop_policy=None)
+    guard.before_step()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        receipt = guard.receipt("writer")
+    assert receipt.reason is None
+    assert any("guard.finish()" in str(w.message) for w in caught)
+
+
+def test_receipt_rejects_a_reason_that_is_not_a_stop_reason() -> None:
+    with pytest.raises(ConfigError) as info:
+        Guard(loop_policy=None).receipt("a", reason="done")  # type: ignore[arg-type]
+    assert info.value.field == "reason"
+
+
+# -- bad input (issue 16) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cost", [float("nan"), float("inf"), -0.01, 1e300, True, "0.1"])
+def test_record_usage_refuses_a_cost_that_is_not_a_usable_number(cost: object) -> None:
+    guard = Guard(Limits(max_cost_usd=1.0), loop_policy=None)
+    with pytest.raises(ConfigError) as info:
+        guard.record_usage(cost_usd=cost)  # type: ignore[arg-type]
+    assert info.value.field == "cost_usd"
+    assert guard.snapshot().counters.cost_usd == 0
+
+
+@pytest.mark.parametrize("tokens", [-1, 1.5, 10**5000, 1 << 62], ids=["neg", "float", "huge", "2**62"])
+def test_record_usage_refuses_token_counts_out_of_range(tokens: object) -> None:
+    guard = Guard(loop_policy=None)
+    with pytest.raises(ConfigError) as info:
+        guard.record_usage(input_tokens=tokens)  # type: ignore[arg-type]
+    assert info.value.field == "input_tokens"
+
+
+def test_the_receipt_carries_activity_after_the_stop() -> None:
+    from tripwire.core.receipt import AfterStop, HealthState, classify
+
+    guard = _stopped_by_a_loop()
+    clean = guard.receipt("support")
+    assert clean.after_stop == AfterStop(model_calls=0, tool_calls=0)
+    assert classify(clean).state is HealthState.STUCK  # a loop stop, and the run did stop
+    with pytest.raises(LoopDetected):
+        guard.before_step()
+    with pytest.raises(LoopDetected):
+        guard.before_tool("search_docs", {"query": "refund policy"})
+    assert guard.after_stop == AfterStop(model_calls=1, tool_calls=1)
+    receipt = guard.receipt("support")
+    assert receipt.after_stop == AfterStop(model_calls=1, tool_calls=1)
+    assert classify(receipt).state is HealthState.UNCERTAIN  # the run went on: no clean stop
+
+
+def test_a_running_guard_has_no_after_stop() -> None:
+    guard = Guard()
+    guard.before_step()
+    assert guard.after_stop is None
+
+
+@pytest.mark.parametrize("seconds", [1e10, float("inf")])
+def test_a_timeout_too_long_to_wait_for_is_no_timeout(seconds: float) -> None:
+    guard = Guard(loop_policy=None)
+    ran: list[str] = []
+
+    def tool() -> str:
+        ran.append(threading.current_thread().name)
+        return "done"
+
+    assert guard.timeout(tool, seconds) == "done"
+    assert ran == [threading.current_thread().name]  # no worker thread was started
+
+
+def test_a_tool_timeout_limit_too_long_to_wait_for_is_no_timeout() -> None:
+    guard = Guard(Limits(tool_timeout_s=1e10), loop_policy=None)
+    assert guard.timeout(lambda: 7) == 7
+
+
+async def test_an_async_timeout_too_long_to_wait_for_is_no_timeout() -> None:
+    guard = Guard(loop_policy=None)
+    assert await guard.atimeout(asyncio.sleep(0, result=3), 1e10) == 3
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), 0, -1, True])
+def test_a_timeout_that_is_not_a_positive_number_is_refused_before_the_tool_runs(
+    seconds: float,
+) -> None:
+    guard = Guard(loop_policy=None)
+    ran: list[int] = []
+    with pytest.raises(ConfigError) as info:
+        guard.timeout(lambda: ran.append(1), seconds)
+    assert info.value.field == "seconds" and ran == []
+
+
+# -- memory: bounded in bytes whatever the tool names (issue 16) ---------------------------
+
+
+def test_long_tool_names_are_counted_under_clipped_names() -> None:
+    a, b = "t" * 300_000 + "a", "t" * 300_000 + "b"
+    guard = Guard(Limits(default_tool_cap=1), loop_policy=None)
+    guard.before_tool(a, {})
+    guard.before_tool(b, {})  # another tool: its own cap
+    with pytest.raises(BudgetExceeded) as info:
+        guard.before_tool(a, {})
+    assert info.value.reason is StopReason.MAX_TOOL_CALLS_FOR_TOOL
+    names = guard.snapshot().counters.tool_calls_by_tool
+    assert len(names) == 2 and all(len(n) < 100 for n in names)
+
+
+def test_a_run_with_huge_distinct_tool_names_keeps_bounded_memory() -> None:
+    # The guard's own memory (its plans, per-tool counters and names shown); the signature
+    # normalizer's caches, used when the loop watcher is on, are bounded on their own.
+    import gc
+    import tracemalloc
+
+    guard = Guard(loop_policy=None)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(300):
+            name = f"{i:04d}" + "x" * 100_000  # 300 distinct 100 kB names: 30 MB in all
+            guard.before_tool(name, {"i": i})
+            guard.after_tool(name, {"i": i}, ToolResult.success("ok"))
+            del name
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert guard.snapshot().counters.tool_calls == 300
+    assert kept < 3_000_000, kept  # a few names at most, not every one
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda g: g.before_tool(None, {}),
+        lambda g: g.before_tool(b"search", {}),
+        lambda g: g.before_tools([("a", {}), "b"]),
+        lambda g: g.before_tools([(1, {}), ("b", {})]),
+        lambda g: g.after_tool(7, {}),
+        lambda g: g.after_tool("a", {}, "ok"),
+    ],
+)
+def test_wrong_types_are_config_errors_not_type_errors(call: Any) -> None:
+    for guard in (Guard(), Guard(loop_policy=None)):
+        with pytest.raises(ConfigError):
+            call(guard)

@@ -17,7 +17,7 @@ from tripwire.core.reasons import StopReason
 from tripwire.errors import BudgetExceeded, RunStopped
 from tripwire.guard import Guard
 from tripwire.idempotency import Idempotent
-from tripwire.store.base import StoreUnavailable
+from tripwire.store.base import Reservation, StoreUnavailable
 
 pytestmark = pytest.mark.redis
 
@@ -62,9 +62,9 @@ def test_processes_share_one_budget(redis_client: Any, redis_prefix: str) -> Non
 
 def test_atomic_reserve_all_or_nothing(redis_client: Any, redis_prefix: str) -> None:
     ledger = RedisLedger(redis_client, prefix=redis_prefix)
-    assert ledger.reserve([("a", 2, 3), ("b", 1, None)]) == (-1, [2, 1])
-    index, now = ledger.reserve([("b", 5, None), ("a", 2, 3)])  # a would be 4 > 3
-    assert (index, now) == (1, [1, 2])
+    assert ledger.reserve([("a", 2, 3), ("b", 1, None)]) == Reservation(totals=(2, 1))
+    refused = ledger.reserve([("b", 5, None), ("a", 2, 3)])  # a would be 4 > 3
+    assert refused == Reservation(totals=(1, 2), refused=1) and not refused.granted
     assert ledger.get(["a", "b", "never"]) == [2, 1, 0]
     assert ledger.add([("a", 10), ("c", 1)]) == [12, 1]
     assert int(redis_client.ttl(f"{redis_prefix}:a")) > 0

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 from tripwire.errors import TripwireError
 
-__all__ = ["IdempotencyStore", "Ledger", "Record", "StoreUnavailable"]
+__all__ = ["IdempotencyStore", "Ledger", "Record", "Reservation", "StoreUnavailable"]
 
 OnUnavailable = Literal["fail_open", "fail_closed"]
 """What a remote store does when its server is unreachable (see ``docs/guard.md``)."""
@@ -41,6 +41,26 @@ class StoreUnavailable(TripwireError):
         return (type(self), (self.store, self.detail))
 
 
+class Reservation(NamedTuple):
+    """What one atomic check-and-add (:meth:`Ledger.reserve`) did.
+
+    A named tuple rather than a frozen dataclass: one is built before every tool call, and a
+    tuple is several times cheaper to build. Read it by name.
+    """
+
+    totals: tuple[int, ...]
+    """Each counter of the reservation, in the order of its items: after the add when it was
+    granted, as they are now (unchanged) when it was refused."""
+    refused: int | None = None
+    """The index of the first item that would have gone over its cap (then nothing was
+    added); ``None`` when every item fitted and all were added."""
+
+    @property
+    def granted(self) -> bool:
+        """True when every counter fitted and all were added."""
+        return self.refused is None
+
+
 @runtime_checkable
 class Ledger(Protocol):
     """Integer counters with an atomic check-and-add: the budget shared by several runs.
@@ -52,15 +72,14 @@ class Ledger(Protocol):
     remote: bool
     """True when calls do network I/O (the guard's async variants then use a worker thread)."""
 
-    def reserve(self, items: Sequence[tuple[str, int, int | None]]) -> tuple[int, list[int]]:
+    def reserve(self, items: Sequence[tuple[str, int, int | None]]) -> Reservation:
         """Add each ``(counter, amount, cap)`` unless one would go over its cap; all or nothing.
 
         Counters must be distinct within one call; ``cap=None`` means no cap.
 
         Returns:
-            ``(-1, totals after the add)`` when every counter fits, else ``(i, totals now)``
-            where ``i`` is the index of the first item that would exceed its cap; then nothing
-            was added.
+            A :class:`Reservation`: granted with the totals after the add, or refused at the
+            first item that would exceed its cap, with the totals now (nothing was added).
         """
         ...
 

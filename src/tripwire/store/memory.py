@@ -8,9 +8,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from tripwire.store.base import Record
+from tripwire.store.base import Record, Reservation
 
 __all__ = ["MemoryIdempotencyStore", "MemoryLedger"]
+
+_granted = tuple.__new__
 
 
 class MemoryLedger:
@@ -23,7 +25,7 @@ class MemoryLedger:
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def reserve(self, items: Sequence[tuple[str, int, int | None]]) -> tuple[int, list[int]]:
+    def reserve(self, items: Sequence[tuple[str, int, int | None]]) -> Reservation:
         """See :meth:`tripwire.store.base.Ledger.reserve`."""
         counts = self._counts
         get = counts.get
@@ -32,11 +34,13 @@ class MemoryLedger:
             for key, amount, cap in items:
                 total = get(key, 0) + amount
                 if cap is not None and total > cap:
-                    return len(totals), [get(k, 0) for k, _, _ in items]
+                    return Reservation(tuple(get(k, 0) for k, _, _ in items), len(totals))
                 totals.append(total)
             for (key, _, _), total in zip(items, totals, strict=True):
                 counts[key] = total
-            return -1, totals
+            # tuple.__new__ skips the named tuple's Python-level __new__: this runs before
+            # every tool call (bench_guard).
+            return _granted(Reservation, (tuple(totals), None))
 
     def add(self, items: Sequence[tuple[str, int]]) -> list[int]:
         """See :meth:`tripwire.store.base.Ledger.add`."""

@@ -11,7 +11,11 @@ suppressed, so tripwire's own Redis calls create no spans for it to watch.
 When Redis is unreachable the ledger does what ``on_unavailable`` says:
 
 - ``"fail_open"`` (default): log one warning, count locally (in-process) until Redis answers
-  again (retried every ``retry_after_s``); budgets are then enforced per process only;
+  again (retried every ``retry_after_s``). The local count of each counter starts from the last
+  total Redis reported to this process (which includes everything this process spent), so every
+  cap still holds per process; what was spent locally is added to Redis as soon as it answers
+  again (reconciled), so the shared totals and the receipts count what really happened. Only
+  the shared total across processes may go over a cap during the outage;
 - ``"fail_closed"``: raise :class:`~tripwire.store.base.StoreUnavailable`; the guard stops the
   run with a :class:`~tripwire.errors.BudgetExceeded`.
 
@@ -31,8 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 from tripwire.errors import ConfigError
-from tripwire.store.base import OnUnavailable, Record, StoreUnavailable
-from tripwire.store.memory import MemoryLedger
+from tripwire.store.base import OnUnavailable, Record, Reservation, StoreUnavailable
 
 try:
     import redis as _redis
@@ -49,6 +52,11 @@ logger = logging.getLogger("tripwire.store.redis")
 
 DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
 DEFAULT_TIMEOUT_S: Final = 0.05
+_MAX_SEEN: Final = 4096
+"""How many counters' last totals the ledger remembers for a fail-open outage (bounded: one
+process may serve many runs; the oldest are forgotten first)."""
+_MAX_KEY: Final = 1024
+"""Counters with longer names are not remembered (their local count starts at 0)."""
 
 _RESERVE: Final = """
 local ttl = tonumber(ARGV[1])
@@ -165,7 +173,12 @@ class RedisLedger:
         self._clock = clock
         self._down_until = float("-inf")
         self._warned = False
-        self._local = MemoryLedger()
+        self._seen: dict[str, int] = {}
+        """The last total Redis reported for each counter (the base of the local count)."""
+        self._pending: dict[str, int] = {}
+        """What this process spent while Redis was unreachable, to add once it answers."""
+        self.reconciled = 0
+        """How many times a local (fail-open) spend was added back to Redis."""
         self._lock = threading.Lock()
         self._reserve = self.client.register_script(_RESERVE)
         self._add = self.client.register_script(_ADD)
@@ -175,11 +188,16 @@ class RedisLedger:
         return f"{self.prefix}:{counter}"
 
     def _call(self, fn: Callable[[], Any]) -> Any:
-        """Run one Redis call; on failure degrade (fail_open → None) or raise StoreUnavailable."""
+        """Run one Redis call; on failure degrade (fail_open → None) or raise StoreUnavailable.
+
+        In fail-open mode, what was counted locally during an outage is added to Redis first.
+        """
         if self._clock() < self._down_until:
             return None
         try:
             with _no_spans():
+                if self._pending:
+                    self._reconcile()
                 return fn()
         except _ERRORS as exc:
             self.failures += 1
@@ -197,7 +215,7 @@ class RedisLedger:
                 )
             return None
 
-    def reserve(self, items: Sequence[tuple[str, int, int | None]]) -> tuple[int, list[int]]:
+    def reserve(self, items: Sequence[tuple[str, int, int | None]]) -> Reservation:
         """See :meth:`tripwire.store.base.Ledger.reserve`."""
         keys = [self.key(k) for k, _, _ in items]
         args: list[int] = [self.ttl_s]
@@ -205,9 +223,11 @@ class RedisLedger:
             args += (amount, -1 if cap is None else cap)
         reply = self._call(lambda: self._reserve(keys=keys, args=args))
         if reply is None:
-            return self._local.reserve(items)
-        index, totals = reply
-        return int(index) - 1, [int(t) for t in totals]
+            return self._local_reserve(items)
+        index, raw = reply
+        totals = tuple(int(t) for t in raw)
+        self._remember([k for k, _, _ in items], totals)
+        return Reservation(totals=totals, refused=int(index) - 1 if int(index) else None)
 
     def add(self, items: Sequence[tuple[str, int]]) -> list[int]:
         """See :meth:`tripwire.store.base.Ledger.add`."""
@@ -215,8 +235,14 @@ class RedisLedger:
         args = [self.ttl_s, *(amount for _, amount in items)]
         reply = self._call(lambda: self._add(keys=keys, args=args))
         if reply is None:
-            return self._local.add(items)
-        return [int(t) for t in reply]
+            with self._lock:
+                pending = self._pending
+                for k, amount in items:
+                    pending[k] = pending.get(k, 0) + amount
+                return [self._local_total(k) for k, _ in items]
+        totals = [int(t) for t in reply]
+        self._remember([k for k, _ in items], totals)
+        return totals
 
     def get(self, counters: Sequence[str]) -> list[int]:
         """See :meth:`tripwire.store.base.Ledger.get`."""
@@ -225,8 +251,57 @@ class RedisLedger:
         keys = [self.key(k) for k in counters]
         reply = self._call(lambda: self.client.mget(keys))
         if reply is None:
-            return self._local.get(counters)
-        return [int(v) if v is not None else 0 for v in reply]
+            with self._lock:
+                return [self._local_total(k) for k in counters]
+        totals = [int(v) if v is not None else 0 for v in reply]
+        self._remember(counters, totals)
+        return totals
+
+    # -- fail-open bookkeeping ------------------------------------------------------------
+
+    def _local_total(self, counter: str) -> int:
+        """The local view of a counter during an outage (call with the lock held)."""
+        return self._seen.get(counter, 0) + self._pending.get(counter, 0)
+
+    def _local_reserve(self, items: Sequence[tuple[str, int, int | None]]) -> Reservation:
+        with self._lock:
+            now = [self._local_total(k) for k, _, _ in items]
+            for i, ((_, amount, cap), total) in enumerate(zip(items, now, strict=True)):
+                if cap is not None and total + amount > cap:
+                    return Reservation(totals=tuple(now), refused=i)
+            pending = self._pending
+            for k, amount, _ in items:
+                pending[k] = pending.get(k, 0) + amount
+            return Reservation(totals=tuple(t + a for t, (_, a, _) in zip(now, items, strict=True)))
+
+    def _remember(self, counters: Sequence[str], totals: Sequence[int]) -> None:
+        with self._lock:
+            seen = self._seen
+            for k, total in zip(counters, totals, strict=True):
+                if len(k) > _MAX_KEY:
+                    continue
+                if k not in seen and len(seen) >= _MAX_SEEN:
+                    del seen[next(iter(seen))]  # the oldest first: bounded in count
+                seen[k] = total
+
+    def _reconcile(self) -> None:
+        """Add what was counted locally during an outage to Redis (raises if it is down)."""
+        with self._lock:
+            pending = dict(self._pending)
+        if not pending:
+            return
+        counters = list(pending)
+        keys = [self.key(k) for k in counters]
+        totals = [int(t) for t in self._add(keys=keys, args=[self.ttl_s, *pending.values()])]
+        with self._lock:
+            for k, amount in pending.items():
+                left = self._pending.get(k, 0) - amount
+                if left > 0:
+                    self._pending[k] = left
+                else:
+                    self._pending.pop(k, None)
+            self.reconciled += 1
+        self._remember(counters, totals)
 
 
 class RedisIdempotencyStore:
