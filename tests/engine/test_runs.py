@@ -253,3 +253,16 @@ def test_the_engine_imports_no_opentelemetry() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_call_id_memory_ignores_bytes_straddling_two_entries() -> None:
+    import struct
+
+    engine = Engine(clock=Clock())
+    engine.observe(tool(call_id="call_0"))
+    run = engine._runs[1]
+    key = struct.Struct("<q").pack(hash("call_x"))
+    run.call_ids = b"\x00" * 4 + key + b"\x00" * 4  # the key's bytes across two entries
+    engine.observe(tool(query="x", call_id="call_x"))
+    engine.observe(tool(query="x", call_id="call_x"))
+    assert (engine.stats.tool_calls, engine.stats.duplicate_calls) == (2, 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -53,6 +54,7 @@ PriceFn = Callable[[str | None, str | None, int, int], float | None]
 ``tripwire.prices.Pricer(warn=False).cost`` (never raises, warns once per model)."""
 
 _NONE: Final[tuple[Decision, ...]] = ()
+_pack_hash: Final = struct.Struct("<q").pack
 _STUCK: Final = Verdict.STUCK
 _WORKING: Final = Verdict.WORKING
 _TOOL_ARGS: Final = KeyMode.TOOL_ARGS
@@ -97,15 +99,18 @@ class EngineStats:
 class _Run:
     """One run's state: the loop watcher, recent call ids, the budget meter, last activity."""
 
-    __slots__ = ("call_ids", "last_seen", "meter", "state")
+    __slots__ = ("call_ids", "failed_ids", "last_seen", "meter", "state")
 
     def __init__(self, now: float) -> None:
         self.state: RunState | None = None
         """The loop watcher (``None`` until the run's first tool call, or after a sub-agent)."""
         self.last_seen = now
-        self.call_ids: dict[int, int] | None = None
-        """``hash(call id) -> attempts``, negative while the last attempt failed; the last
-        :data:`CALL_ID_MEMORY` ids, oldest first."""
+        self.call_ids: bytes | None = None
+        """The ``hash()`` of the last :data:`CALL_ID_MEMORY` call ids, 8 bytes each, oldest
+        first (``bytes``: ``find`` searches in C, and 16 ids hold 128 bytes)."""
+        self.failed_ids: dict[int, int] | None = None
+        """``hash(call id) -> attempts`` of the ids whose last execution failed (allocated at
+        the first failure that has a call id; at most :data:`CALL_ID_MEMORY` entries)."""
         self.meter: Meter | None = None
         """The budget meter (only with limits)."""
 
@@ -400,24 +405,31 @@ class Engine:
     def _seen_call(run: _Run, call_id: str, failed: bool) -> int:
         """0 when ``call_id`` was counted and this is a duplicate report of that execution; else
         the attempt number of this execution (1 for a new id), remembered."""
-        ids = run.call_ids
         key = hash(call_id)
-        if ids is None:
-            ids = run.call_ids = {}
-            previous = None
+        failures = run.failed_ids
+        if failures is not None and key in failures:
+            attempt = failures.pop(key) + 1  # the earlier execution failed: the next attempt
+            if failed:
+                failures[key] = attempt
+            return attempt
+        ids = run.call_ids
+        packed = _pack_hash(key)
+        if ids is not None:
+            at = ids.find(packed)
+            while at >= 0:
+                if not at & 7:  # a whole entry, not bytes straddling two
+                    return 0
+                at = ids.find(packed, at + 1)
+            run.call_ids = (ids[8:] if len(ids) >= 8 * CALL_ID_MEMORY else ids) + packed
         else:
-            previous = ids.pop(key, None)
-        if previous is None:
-            attempt = 1
-        elif previous < 0:
-            attempt = 1 - previous  # the earlier execution failed: this one is the next attempt
-        else:
-            ids[key] = previous
-            return 0
-        ids[key] = -attempt if failed else attempt
-        if len(ids) > CALL_ID_MEMORY:
-            del ids[next(iter(ids))]
-        return attempt
+            run.call_ids = packed
+        if failed:
+            if failures is None:
+                failures = run.failed_ids = {}
+            failures[key] = 1
+            if len(failures) > CALL_ID_MEMORY:
+                del failures[next(iter(failures))]
+        return 1
 
     def _run_for(self, tid: TraceId, now: float) -> _Run:
         runs = self._runs

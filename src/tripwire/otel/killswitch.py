@@ -55,6 +55,7 @@ __all__ = [
     "KILL_FLAGS",
     "KillFlag",
     "KillFlags",
+    "active_run",
     "check",
     "clear",
     "note_active_run",
@@ -70,6 +71,9 @@ _ACTIVE_RUN: Final[contextvars.ContextVar[int | None]] = contextvars.ContextVar(
 
 _warned_no_run = False
 
+
+active_run: Final[Callable[[], int | None]] = _ACTIVE_RUN.get
+"""``active_run()``: the trace noted by :func:`note_active_run` in this thread or task, if any."""
 
 note_active_run: Final[Callable[[int], object]] = _ACTIVE_RUN.set
 """``note_active_run(trace_id)``: record ``trace_id`` as the run active in this thread (and

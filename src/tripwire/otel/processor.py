@@ -309,6 +309,7 @@ class TripwireSpanProcessor(SpanProcessor):
         self._shutdown = False
         self.mapping_stats = MappingStats()
         """Counters of the span mapping (malformed tool spans are counted here)."""
+        self._inner_on_start = inner.on_start if inner is not None else None
         if inner is not None:
             # The SDK calls _on_ending on every processor for every span, and tripwire only
             # forwards it: hand the SDK the wrapped processor's own method (one call per span
@@ -371,15 +372,20 @@ class TripwireSpanProcessor(SpanProcessor):
         the instrumentation made no span current (OpenInference's LangChain tracer).
         """
         try:
-            note_active_run(span.context.trace_id)
+            s: Any = span
+            try:
+                tid = s._context.trace_id  # the SDK's field (a property call less per span)
+            except AttributeError:
+                tid = span.get_span_context().trace_id
+            note_active_run(tid)
         except Exception as exc:
             # The agent-facing boundary (on_start runs on the agent's thread): a span without
             # a usable context is only not recorded. Counted, logged once.
             self.stats.internal_errors += 1
             self._log_once("on_start", "tripwire span processor failed on a span start: %r", exc)
-        inner = self._inner
-        if inner is not None:
-            inner.on_start(span, parent_context=parent_context)
+        start = self._inner_on_start
+        if start is not None:
+            start(span, parent_context)
 
     def _on_ending(self, span: Span) -> None:
         # The SDK calls this (private) hook on every processor; forward it unchanged.
