@@ -357,7 +357,7 @@ def run_openai_agents(
         provider: the tracer provider to emit into (default: a fresh one into ``exporter``).
         exporter: where finished spans are collected.
     """
-    from agents import Agent, Runner, function_tool, set_trace_processors
+    from agents import Agent, Runner, function_tool, set_trace_processors, set_tracing_disabled
     from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
     from agents.tracing import get_current_span
     from agents.usage import Usage
@@ -414,6 +414,9 @@ def run_openai_agents(
     )
     with _tracing(provider, exporter) as (tp, exp):
         set_trace_processors([])  # no upload to the OpenAI backend: the bridge is the only sink
+        # The SDK caches "tracing disabled" process-wide (from its environment, or from an
+        # earlier run in this process); these runs need its traces, whatever ran before.
+        set_tracing_disabled(False)
         instrumentor.instrument(tracer_provider=tp)
         try:
             result = Runner.run_sync(agent, "What is the refund policy?", max_turns=50)

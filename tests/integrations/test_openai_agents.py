@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -41,7 +41,15 @@ from .scripts import (
 
 pytestmark = pytest.mark.frameworks
 
-set_tracing_disabled(True)  # no upload to the OpenAI backend
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_upload() -> Iterator[None]:
+    """No upload to the OpenAI backend while these tests run; the SDK's switch is process-wide,
+    so it is turned back on afterwards (the span tests in tests/frameworks need its traces)."""
+    set_tracing_disabled(True)
+    yield
+    set_tracing_disabled(False)
 
 Reply = list[tuple[str, dict[str, Any]]] | str
 Script = Callable[[int, list[str], bool], Reply]
