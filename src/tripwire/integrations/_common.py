@@ -55,7 +55,7 @@ from tripwire.core.results import ToolResult
 from tripwire.errors import ConfigError, RunStopped
 from tripwire.guard import Guard, GuardSnapshot
 
-__all__ = ["OnLoop", "RunControl", "StoppedRun", "current_run", "new_run"]
+__all__ = ["OnLoop", "RunControl", "StoppedRun", "current_run", "new_run", "run_options"]
 
 logger = logging.getLogger("tripwire.integrations")
 
@@ -391,3 +391,19 @@ def new_run(
         ) from None
     guard.partial_answer = partial_answer
     return RunControl(guard, agent=agent, on_receipt=on_receipt)
+
+
+def run_options(agent: str | None, **options: Any) -> dict[str, Any]:
+    """Check an adapter's per-run settings once, at construction, and return them for
+    :func:`new_run` (every adapter builds one fresh run from them per framework run).
+
+    Raises:
+        ConfigError: ``agent`` is not a non-empty name, ``run_id`` was given (each run gets its
+            own), or a setting :func:`new_run` refuses (named).
+    """
+    if agent is not None and (not isinstance(agent, str) or not agent):
+        raise ConfigError("agent", agent, "a non-empty agent name, or None")
+    if "run_id" in options:
+        raise ConfigError("run_id", options["run_id"], "one run id per run: not here")
+    new_run(**options)  # validate now, loudly, not at the first run
+    return options

@@ -45,6 +45,7 @@ from tripwire.integrations._common import (
     RunControl,
     StoppedRun,
     new_run,
+    run_options,
 )
 
 try:
@@ -103,12 +104,8 @@ class TripwirePlugin(BasePlugin):
         **guard_options: Any,
     ) -> None:
         super().__init__(name=name)
-        if agent is not None and (not isinstance(agent, str) or not agent):
-            raise ConfigError("agent", agent, "a non-empty agent name, or None")
-        self._agent = agent
-        if "run_id" in guard_options:
-            raise ConfigError("run_id", guard_options["run_id"], "one run id per run: not here")
-        self._options: dict[str, Any] = dict(
+        self._options: dict[str, Any] = run_options(
+            agent,
             limits=limits,
             loop_policy=loop_policy,
             on_loop=on_loop,
@@ -116,7 +113,7 @@ class TripwirePlugin(BasePlugin):
             partial_answer=partial_answer,
             **guard_options,
         )
-        new_run(**self._options)  # validate now, loudly, not at the first run
+        self._agent = agent
         self._lock = threading.Lock()
         self._runs: dict[str, RunControl] = {}
         self._stopped: OrderedDict[str, StoppedRun] = OrderedDict()

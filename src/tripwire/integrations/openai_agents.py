@@ -47,7 +47,7 @@ from typing import Any
 from tripwire.core.budget import NO_LIMITS, Limits
 from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
 from tripwire.core.reasons import StopReason
-from tripwire.errors import ConfigError, RunStopped
+from tripwire.errors import RunStopped
 from tripwire.integrations._common import (
     OnLoop,
     PartialAnswer,
@@ -55,6 +55,7 @@ from tripwire.integrations._common import (
     RunControl,
     StoppedRun,
     new_run,
+    run_options,
 )
 
 try:
@@ -356,12 +357,8 @@ class Tripwire:
         partial_answer: PartialAnswer | None = None,
         **guard_options: Any,
     ) -> None:
-        if agent is not None and (not isinstance(agent, str) or not agent):
-            raise ConfigError("agent", agent, "a non-empty agent name, or None")
-        self._agent = agent
-        if "run_id" in guard_options:
-            raise ConfigError("run_id", guard_options["run_id"], "one run id per run: not here")
-        self._options: dict[str, Any] = dict(
+        self._options: dict[str, Any] = run_options(
+            agent,
             limits=limits,
             loop_policy=loop_policy,
             on_loop=on_loop,
@@ -369,7 +366,7 @@ class Tripwire:
             partial_answer=partial_answer,
             **guard_options,
         )
-        new_run(**self._options)  # validate now, loudly, not at the first run
+        self._agent = agent
 
     def new_run(self, agent: str = "agent") -> RunControl:
         """A fresh run with these settings (what :meth:`run` uses); ``agent`` is the name on

@@ -49,6 +49,7 @@ from tripwire.integrations._common import (
     RunControl,
     StoppedRun,
     new_run,
+    run_options,
 )
 
 try:
@@ -264,12 +265,8 @@ class Tripwire:
         partial_answer: PartialAnswer | None = None,
         **guard_options: Any,
     ) -> None:
-        if agent is not None and (not isinstance(agent, str) or not agent):
-            raise ConfigError("agent", agent, "a non-empty agent name, or None")
-        self._agent = agent
-        if "run_id" in guard_options:
-            raise ConfigError("run_id", guard_options["run_id"], "one run id per run: not here")
-        self._options: dict[str, Any] = dict(
+        self._options: dict[str, Any] = run_options(
+            agent,
             limits=limits,
             loop_policy=loop_policy,
             on_loop=on_loop,
@@ -277,7 +274,7 @@ class Tripwire:
             partial_answer=partial_answer,
             **guard_options,
         )
-        new_run(**self._options)  # validate now, loudly, not at the first run
+        self._agent = agent
         self._lock = threading.Lock()
         self._agents: dict[int, _AgentRuns] = {}
 
