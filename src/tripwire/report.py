@@ -24,6 +24,7 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
+from tripwire.config import FILE_VERSIONS, config_from_file
 from tripwire.errors import ConfigError
 from tripwire.store.runs import RunStore, runs, verdicts
 
@@ -359,10 +360,13 @@ def write_limits_file(path: str | os.PathLike[str], values: dict[str, int]) -> N
 
     Keeps everything else in the file as it is: keys already in ``[limits]`` are replaced in
     place, new ones are added at the end of that table, and the table is appended when the file
-    has none (the file is created when missing).
+    has none (the file is created when missing). A file without a ``version`` key gets
+    ``version = 1`` at its top, so that :func:`tripwire.config.load_config` reads what this
+    wrote; the new ``[limits]`` table is checked by that loader before anything is written.
 
     Raises:
-        ValueError: the file is not valid TOML (it is left untouched).
+        ValueError: the file is not valid TOML, or is a tripwire file of another version, or
+            the values are not valid limits (the file is left untouched).
         OSError: it cannot be read or written.
     """
     import re
@@ -380,10 +384,21 @@ def write_limits_file(path: str | os.PathLike[str], values: dict[str, int]) -> N
     except FileNotFoundError:
         text = ""
     try:
-        tomllib.loads(text)
+        existing = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"not valid TOML ({exc}); left untouched") from None
+    if "version" in existing and existing["version"] not in FILE_VERSIONS:
+        raise ValueError(
+            f"file version {existing['version']!r} is not one this tripwire writes "
+            f"({list(FILE_VERSIONS)}); left untouched"
+        )
     lines = text.splitlines()
+    if "version" not in existing:
+        # Top-level keys must come before the first table: after the leading comments.
+        at = 0
+        while at < len(lines) and (not lines[at].strip() or lines[at].lstrip().startswith("#")):
+            at += 1
+        lines[at:at] = ["version = 1", ""] if at < len(lines) else ["version = 1"]
     header = re.compile(r"^\s*\[\s*limits\s*\]\s*(#.*)?$")
     any_header = re.compile(r"^\s*\[")
     start = next((i for i, line in enumerate(lines) if header.match(line)), None)
@@ -404,7 +419,11 @@ def write_limits_file(path: str | os.PathLike[str], values: dict[str, int]) -> N
             insert_at -= 1
         lines[insert_at:insert_at] = [f"{k} = {v}" for k, v in pending.items()]
     new_text = "\n".join(lines) + "\n"
-    tomllib.loads(new_text)  # never write a file we could not read back
+    written = tomllib.loads(new_text)  # never write a file we could not read back
+    try:  # the loader must accept the [limits] table as written (the rest is the user's)
+        config_from_file({"version": written["version"], "limits": written["limits"]}, target)
+    except ConfigError as exc:
+        raise ValueError(f"{exc}; left untouched") from None
     tmp = target + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(new_text)

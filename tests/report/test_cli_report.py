@@ -54,7 +54,11 @@ def test_write_limits_writes_the_learned_lines(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     import tomllib
 
-    assert tomllib.loads(limits.read_text()) == {"limits": {"max_tool_calls": 24, "max_steps": 24}}
+    assert tomllib.loads(limits.read_text()) == {"version": 1, "limits": {"max_tool_calls": 24, "max_steps": 24}}
+    from tripwire.config import load_config
+
+    loaded = load_config({"config": limits}, env={}).limits
+    assert loaded is not None and (loaded.max_tool_calls, loaded.max_steps) == (24, 24)
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:

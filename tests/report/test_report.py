@@ -132,9 +132,48 @@ def test_write_limits_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
     assert path.read_text().startswith("# my agent\n")
     fresh = tmp_path / "new.toml"
     write_limits_file(fresh, {"max_tool_calls": 7})
-    assert tomllib.loads(fresh.read_text()) == {"limits": {"max_tool_calls": 7}}
+    assert tomllib.loads(fresh.read_text()) == {"version": 1, "limits": {"max_tool_calls": 7}}
     bad = tmp_path / "bad.toml"
     bad.write_text("[limits\n")
     with pytest.raises(ValueError):
         write_limits_file(bad, {"max_tool_calls": 7})
     assert bad.read_text() == "[limits\n"
+
+
+def test_written_limits_load_through_the_one_loader(tmp_path: Path) -> None:
+    from tripwire.config import load_config
+
+    # A new file: what write_limits_file creates, load_config reads, with the same limits.
+    fresh = tmp_path / "fresh.toml"
+    write_limits_file(fresh, {"max_tool_calls": 37, "max_steps": 12})
+    limits = load_config({"config": fresh}, env={}).limits
+    assert limits is not None and (limits.max_tool_calls, limits.max_steps) == (37, 12)
+
+    # An existing file without a version: edited in place, the rest kept, loadable after.
+    edited = tmp_path / "tripwire.toml"
+    edited.write_text("# team settings\n\n[policy]\nwindow = 12\n\n[limits]\nmax_cost_usd = 2.5\n")
+    write_limits_file(edited, {"max_tool_calls": 20})
+    config = load_config({"config": edited}, env={})
+    assert config.policy.window == 12
+    assert config.limits is not None
+    assert (config.limits.max_tool_calls, config.limits.max_cost_usd) == (20, 2.5)
+    assert edited.read_text().startswith("# team settings\n")
+
+    # Edited again: the version is not added twice and the new value replaces the old.
+    write_limits_file(edited, {"max_tool_calls": 25})
+    assert edited.read_text().count("version") == 1
+    config = load_config({"config": edited}, env={})
+    assert config.limits is not None and config.limits.max_tool_calls == 25
+
+
+def test_write_limits_refuses_what_the_loader_would_refuse(tmp_path: Path) -> None:
+    other = tmp_path / "v9.toml"
+    other.write_text("version = 9\n")
+    with pytest.raises(ValueError, match="version"):
+        write_limits_file(other, {"max_tool_calls": 7})
+    assert other.read_text() == "version = 9\n"
+    typo = tmp_path / "typo.toml"
+    typo.write_text("version = 1\n[limits]\nmax_tool_cals = 3\n")
+    with pytest.raises(ValueError, match="max_tool_cals"):
+        write_limits_file(typo, {"max_tool_calls": 7})
+    assert "max_tool_calls" not in typo.read_text()
