@@ -234,7 +234,7 @@ def test_docs_config_lists_every_variable_and_option() -> None:
     for var in ENV_VARS:
         assert f"`{var}`" in text, var
     group = typer.main.get_command(app)
-    for name in ("replay", "calibrate"):
+    for name in ("replay", "calibrate", "serve", "report"):
         command = group.commands[name]  # type: ignore[attr-defined]
         for param in command.params:
             if param.envvar:
@@ -242,3 +242,42 @@ def test_docs_config_lists_every_variable_and_option() -> None:
             for opt in getattr(param, "opts", ()):
                 if opt.startswith("--") and opt not in ("--help", "--policy-preset"):
                     assert f"`{opt}" in text, (name, opt)
+
+
+def test_serve_settings_option_over_variable_over_file_over_default(tmp_path: Path) -> None:
+    from tripwire.config import SERVE_SETTINGS, load_serve_config
+
+    path = _toml(tmp_path, "tripwire.toml", 'version = 1\n[limits]\nmax_steps = 9\n[serve]\nport = 5001\n'
+                 'host = "0.0.0.0"\nreorder_ms = 50\ntoken_file = "secrets/tokens"\n'
+                 'webhook_url = ["http://a", "http://b"]\n')
+    config, serve = load_serve_config({"config": path, "port": 5003}, env={"TRIPWIRE_PORT": "5002", "TRIPWIRE_REORDER_MS": "70"})
+    assert serve["port"] == 5003  # option
+    assert serve["reorder_ms"] == 70  # variable over file
+    assert serve["host"] == "0.0.0.0"  # file over default
+    assert serve["max_body_mb"] == SERVE_SETTINGS["max_body_mb"].default == 16  # default
+    assert serve["token_file"] == str(tmp_path / "secrets" / "tokens")  # relative to the file
+    assert serve["webhook_url"] == ("http://a", "http://b")
+    assert config.limits is not None and config.limits.max_steps == 9  # the same file's [limits]
+    _, serve = load_serve_config({"config": path}, env={"TRIPWIRE_WEBHOOK_URL": "http://c http://d"})
+    assert serve["port"] == 5001 and serve["webhook_url"] == ("http://c", "http://d")
+
+
+def test_serve_errors_name_the_field(tmp_path: Path) -> None:
+    from tripwire.config import load_serve_config
+
+    path = _toml(tmp_path, "tripwire.toml", "version = 1\n[serve]\nport = 70000\n")
+    with pytest.raises(ConfigError) as info:
+        load_serve_config({"config": path}, env={})
+    assert info.value.field == "serve.port" and path in str(info.value) and "65535" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        load_serve_config({"max_inflight": "many"}, env={})
+    assert info.value.field == "--max-inflight"
+    with pytest.raises(ConfigError) as info:
+        load_serve_config({}, env={"TRIPWIRE_STATE": "disk"})
+    assert info.value.field == "TRIPWIRE_STATE"
+    # A secret-looking string is never quoted back.
+    with pytest.raises(ConfigError) as info:
+        load_serve_config({"pagerduty_routing_key": "  "}, env={})
+    assert info.value.field == "--pagerduty-key"
+    # instrument() and replay ignore [serve]: a bad serve value is tripwire serve's error only.
+    assert load_config({"config": path}, env={}).serve["port"] == 70000

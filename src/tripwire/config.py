@@ -34,7 +34,8 @@ A ``tripwire.toml``::
 
     [engine]                    # max_traces, idle_ttl_s
 
-    [serve]                     # read by ``tripwire serve``
+    [serve]                     # tripwire serve: host, port, store, redis_url… (SERVE_SETTINGS)
+    port = 4318
 
 A policy file holds only ``version``, ``preset``, ``[policy]`` and ``[normalizer]``. Unknown
 sections and keys are refused with a :class:`~tripwire.errors.ConfigError` that names them and
@@ -71,12 +72,15 @@ __all__ = [
     "FILE_VERSIONS",
     "MAX_COUNT",
     "OPTIONS",
+    "SERVE_SETTINGS",
     "SETTINGS",
     "Config",
+    "ServeSetting",
     "Setting",
     "config_from_file",
     "env_name",
     "load_config",
+    "load_serve_config",
     "read_toml",
 ]
 
@@ -336,7 +340,7 @@ class Config:
     idle_ttl_s: float | None
     """Idle seconds before a run's state is dropped; ``None``: the component's default."""
     serve: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    """The ``[serve]`` section as written (``tripwire serve`` checks its keys)."""
+    """The ``[serve]`` section as written (:func:`load_serve_config` checks it)."""
     files: tuple[str, ...] = ()
     """The files read, configuration file first."""
 
@@ -936,3 +940,166 @@ def _limits(code: Limits | None, changes: Mapping[str, tuple[Any, str]]) -> Limi
         if given is None:
             raise
         raise ConfigError(given[1], _short(exc.value), exc.expected) from None
+
+
+# -- tripwire serve ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeSetting:
+    """One setting of ``tripwire serve``: the ``[serve]`` key, its variable and its option."""
+
+    name: str
+    """The key in ``[serve]``; the variable is ``TRIPWIRE_`` + the name in upper case."""
+    option: str
+    """The command-line option (``--redis`` for ``redis_url``)."""
+    kind: str
+    """``str``, ``path`` (relative to the file it is written in), ``list`` (of strings; the
+    variable is space-separated), ``int``, ``float``, ``bool`` or ``choice``."""
+    default: Any = None
+    minimum: float = 0
+    maximum: float = MAX_COUNT
+    choices: tuple[str, ...] = ()
+    help: str = ""
+
+    @property
+    def env(self) -> str:
+        """The environment variable."""
+        return env_name(self.name)
+
+    def _scalar(self) -> Setting:
+        return Setting(name=self.name, section="serve", kind=self.kind, minimum=self.minimum,
+                       maximum=self.maximum, choices=self.choices, help=self.help)
+
+    def expected(self) -> str:
+        """What the setting accepts, in words (for errors and the docs table)."""
+        if self.kind in ("str", "path"):
+            return "a non-empty string" if self.kind == "str" else "a file path"
+        if self.kind == "list":
+            return "a list of non-empty strings"
+        return self._scalar().expected()
+
+    def parse(self, value: Any, origin: str) -> Any:
+        """The checked value; strings from variables and options are parsed.
+
+        Raises:
+            ConfigError: the value is not accepted; ``field`` is ``origin``.
+        """
+        if self.kind in ("str", "path"):
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            if not isinstance(value, str) or not value.strip() or len(value) > 4096:
+                raise ConfigError(origin, _short(value) if self.kind == "path" else _hidden(value),
+                                  self.expected())
+            return value.strip()
+        if self.kind == "list":
+            if isinstance(value, str):
+                value = value.split()
+            if isinstance(value, tuple):
+                value = list(value)
+            return tuple(_strings(origin, value))
+        return self._scalar().parse(value, origin)
+
+
+def _hidden(value: Any) -> Any:
+    """What an error quotes of a string setting: URLs and keys may carry secrets."""
+    return _short(value) if not isinstance(value, str) else f"<a string of {len(value)} characters>"
+
+
+SERVE_SETTINGS: Final[Mapping[str, ServeSetting]] = MappingProxyType({s.name: s for s in (
+    ServeSetting(name="host", option="--host", kind="str", default="127.0.0.1",
+                 help="the address to bind"),
+    ServeSetting(name="port", option="--port", kind="int", default=4318, minimum=1,
+                 maximum=65535, help="the port (4318 is OTLP/HTTP's)"),
+    ServeSetting(name="store", option="--store", kind="str",
+                 help="the run store: sqlite:///path or postgresql://user@host/db"),
+    ServeSetting(name="redis_url", option="--redis", kind="str",
+                 help="Redis for the kill channel (pub/sub and keys) and --state redis"),
+    ServeSetting(name="state", option="--state", kind="choice", default="memory",
+                 choices=("memory", "redis"),
+                 help="where per-trace state lives (redis: stateless receivers; needs a Redis URL)"),
+    ServeSetting(name="token_file", option="--token-file", kind="path",
+                 help="a file of accepted bearer tokens, one per line (beside TRIPWIRE_TOKEN)"),
+    ServeSetting(name="no_auth", option="--no-auth", kind="bool", default=False,
+                 help="accept requests without a token (a trusted loopback only)"),
+    ServeSetting(name="store_raw", option="--store-raw", kind="bool", default=False,
+                 help="keep raw tool arguments in the run store (off: digests only)"),
+    ServeSetting(name="reorder_ms", option="--reorder-ms", kind="int", default=200,
+                 maximum=10_000, help="how long a span waits for the earlier spans of its trace"),
+    ServeSetting(name="max_body_mb", option="--max-body-mb", kind="int", default=16, minimum=1,
+                 maximum=1024, help="the largest request body, before and after gzip (413 above)"),
+    ServeSetting(name="max_inflight", option="--max-inflight", kind="int", default=16,
+                 minimum=1, maximum=4096,
+                 help="export requests processed at once; more get 503 with Retry-After"),
+    ServeSetting(name="max_buffered_spans", option="--max-buffered-spans", kind="int",
+                 default=200_000, minimum=1, maximum=100_000_000,
+                 help="spans waiting in the reorder buffer at most; more get 503 with Retry-After"),
+    ServeSetting(name="webhook_url", option="--webhook", kind="list", default=(),
+                 help="POST each transition as JSON to these URLs"),
+    ServeSetting(name="slack_webhook_url", option="--slack-webhook", kind="str",
+                 help="a Slack incoming-webhook URL"),
+    ServeSetting(name="pagerduty_routing_key", option="--pagerduty-key", kind="str",
+                 help="a PagerDuty Events API v2 routing key"),
+    ServeSetting(name="pagerduty_url", option="--pagerduty-url", kind="str",
+                 default="https://events.pagerduty.com/v2/enqueue",
+                 help="the PagerDuty Events API URL"),
+    ServeSetting(name="dashboard_url", option="--dashboard-url", kind="str",
+                 help="the public URL of this service, for links in alerts"),
+    ServeSetting(name="log_format", option="--log-format", kind="choice", default="json",
+                 choices=("json", "text"), help="log lines as JSON objects or text, on stderr"),
+)})
+"""Every setting of ``tripwire serve`` (the ``[serve]`` section), by name."""
+
+def _serve_option(key: str) -> str:
+    setting = SERVE_SETTINGS.get(key)
+    return setting.option if setting is not None else "--" + key.replace("_", "-")
+
+
+def load_serve_config(
+    options: Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    option_name: Callable[[str], str] = _serve_option,
+) -> tuple[Config, dict[str, Any]]:
+    """``tripwire serve``'s settings: options > environment > ``[serve]`` > defaults.
+
+    The loop policy, budgets, digest key and engine settings come from :func:`load_config`
+    (same files, same variables); the serve settings (:data:`SERVE_SETTINGS`) from the
+    configuration file's ``[serve]``, their variables (``TRIPWIRE_PORT``…) and ``options``.
+    A ``path`` setting written in the file is relative to the file.
+
+    Returns:
+        The :class:`Config` and every serve setting by name (defaults filled in).
+
+    Raises:
+        ConfigError: an unknown ``[serve]`` key or a bad value; ``field`` is ``serve.port``,
+            ``TRIPWIRE_PORT`` or ``--port``.
+    """
+    env = os.environ if env is None else env
+    options = dict(options or {})
+    general = {k: v for k, v in options.items() if k not in SERVE_SETTINGS}
+    config = load_config(general, env=env, option_name=option_name)
+    values: dict[str, Any] = {name: s.default for name, s in SERVE_SETTINGS.items()}
+    if config.serve:
+        source = config.files[0]
+        try:
+            _unknown("serve", config.serve, tuple(SERVE_SETTINGS), source)
+            for key, raw in config.serve.items():
+                setting = SERVE_SETTINGS[key]
+                if setting.kind == "path" and raw == "off":
+                    values[key] = "off"
+                    continue
+                value = setting.parse(raw, f"serve.{key}")
+                if setting.kind == "path":
+                    value = os.path.join(os.path.dirname(source), value)
+                values[key] = value
+        except ConfigError as exc:
+            raise _in_file(exc, source) from None
+    for setting in SERVE_SETTINGS.values():
+        raw = env.get(setting.env, "")
+        if raw.strip():
+            values[setting.name] = setting.parse(raw, setting.env)
+    for key, value in options.items():
+        if key in SERVE_SETTINGS and value is not None:
+            values[key] = SERVE_SETTINGS[key].parse(value, option_name(key))
+    return config, values

@@ -45,7 +45,7 @@ def _since(text: str | None, now: float) -> float | None:
 
 @app.command("report", help=_HELP, short_help="Fleet report: percentiles, stop reasons, learned budgets.")
 def report(
-    store: Annotated[str | None, typer.Option("--store", envvar="TRIPWIRE_STORE", help="Run store URL (default: the SQLite file tripwire serve uses). [env var: TRIPWIRE_STORE]")] = None,
+    store: Annotated[str | None, typer.Option("--store", envvar="TRIPWIRE_STORE", help="Run store URL (default: the SQLite file tripwire serve uses).")] = None,
     since: Annotated[str, typer.Option(help="Runs created in the last 7d, 12h, 30m… or 'all'.")] = "7d",
     agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
     alpha: Annotated[float, typer.Option(help="False-stop rate of the learned budget lines.")] = 0.05,

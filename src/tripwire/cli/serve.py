@@ -14,6 +14,7 @@ import typer
 
 from tripwire.cli import app
 from tripwire.cli._common import abort, err_console
+from tripwire.config import SERVE_SETTINGS, load_serve_config
 
 __all__ = ["serve"]
 
@@ -44,16 +45,16 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def _tokens(token_file: Path | None) -> tuple[str, ...]:
+def _tokens(token_file: str | None) -> tuple[str, ...]:
     tokens: list[str] = []
     env = os.environ.get("TRIPWIRE_TOKEN", "").strip()
     if env:
         tokens.append(env)
     if token_file is not None:
         try:
-            text = token_file.read_text(encoding="utf-8")
+            text = Path(token_file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            abort(f"--token-file {token_file}: cannot read it ({type(exc).__name__}: {exc})")
+            abort(f"token_file {token_file}: cannot read it ({type(exc).__name__}: {exc})")
         tokens += [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
     for token in tokens:
         if len(token) < 16:
@@ -61,52 +62,100 @@ def _tokens(token_file: Path | None) -> tuple[str, ...]:
     return tuple(tokens)
 
 
+def _opt(name: str, *, metavar: str | None = None, **extra: Any) -> Any:
+    """The typer option of serve setting ``name``: its option, variable, help and default.
+
+    The variable is declared so that ``--help`` shows it (once); the value of an option that
+    was not given on the command line is read by :func:`tripwire.config.load_serve_config`
+    (variable, then ``[serve]``, then default), so every source is checked the same way.
+    """
+    setting = SERVE_SETTINGS[name]
+    default = setting.default
+    shown = None if default in (None, (), False) else default
+    help_text = setting.help[0].upper() + setting.help[1:]
+    if setting.kind == "bool":
+        return typer.Option(setting.option, envvar=setting.env, help=help_text + ".", **extra)
+    if setting.kind == "list":
+        return typer.Option(setting.option, envvar=setting.env, metavar=metavar or "URL",
+                            help=help_text + " (repeatable).", show_default=False, **extra)
+    return typer.Option(
+        setting.option, envvar=setting.env,
+        metavar=metavar or ("|".join(setting.choices) if setting.choices else None)
+        or {"int": "INTEGER", "float": "NUMBER", "path": "FILE"}.get(setting.kind, "TEXT"),
+        help=help_text + ".",
+        show_default=str(shown) if shown is not None else False, **extra,
+    )
+
+
 @app.command("serve", help=_HELP, short_help="Run the fleet service: OTLP receiver, kill channel, run store.")
 def serve(
-    host: Annotated[str, typer.Option(envvar="TRIPWIRE_HOST", help="Address to bind. [env var: TRIPWIRE_HOST]")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, envvar="TRIPWIRE_PORT", help="Port (4318 is OTLP/HTTP's). [env var: TRIPWIRE_PORT]")] = 4318,
-    store: Annotated[str | None, typer.Option("--store", envvar="TRIPWIRE_STORE", help="Run store URL: sqlite:///path or postgresql://user@host/db (default: a SQLite file in the user data dir). [env var: TRIPWIRE_STORE]")] = None,
-    redis_url: Annotated[str | None, typer.Option("--redis", envvar="TRIPWIRE_REDIS_URL", help="Redis URL for the kill channel (pub/sub + keys). [env var: TRIPWIRE_REDIS_URL]")] = None,
-    state: Annotated[str, typer.Option(envvar="TRIPWIRE_STATE", help="Per-trace state: 'memory' (route spans by trace id, e.g. the Collector's loadbalancing exporter) or 'redis' (stateless receivers; needs --redis). [env var: TRIPWIRE_STATE]")] = "memory",
-    token_file: Annotated[Path | None, typer.Option(envvar="TRIPWIRE_TOKEN_FILE", help="File of accepted bearer tokens, one per line (also: TRIPWIRE_TOKEN). [env var: TRIPWIRE_TOKEN_FILE]")] = None,
-    no_auth: Annotated[bool, typer.Option("--no-auth", help="Accept requests without a token (trusted loopback only).")] = False,
-    preset: Annotated[str | None, typer.Option(envvar="TRIPWIRE_PRESET", help="Loop-policy preset (default, seed…). [env var: TRIPWIRE_PRESET]")] = None,
-    max_tool_calls: Annotated[int | None, typer.Option(min=1, envvar="TRIPWIRE_MAX_TOOL_CALLS", help="Stop a run after this many tool calls. [env var: TRIPWIRE_MAX_TOOL_CALLS]")] = None,
-    max_steps: Annotated[int | None, typer.Option(min=1, envvar="TRIPWIRE_MAX_STEPS", help="Stop a run after this many model calls. [env var: TRIPWIRE_MAX_STEPS]")] = None,
-    store_raw: Annotated[bool, typer.Option("--store-raw", help="Keep raw tool arguments in the run store (off: digests only).")] = False,
-    reorder_ms: Annotated[int, typer.Option(min=0, max=10_000, envvar="TRIPWIRE_REORDER_MS", help="How long a span waits for the earlier spans of its trace. [env var: TRIPWIRE_REORDER_MS]")] = 200,
-    max_body_mb: Annotated[int, typer.Option(min=1, max=1024, envvar="TRIPWIRE_MAX_BODY_MB", help="Largest request body, before and after gzip (413 above). [env var: TRIPWIRE_MAX_BODY_MB]")] = 16,
-    webhook: Annotated[list[str] | None, typer.Option(envvar="TRIPWIRE_WEBHOOK_URL", help="POST each transition as JSON here (repeatable). [env var: TRIPWIRE_WEBHOOK_URL]")] = None,
-    slack_webhook: Annotated[str | None, typer.Option(envvar="TRIPWIRE_SLACK_WEBHOOK_URL", help="A Slack incoming-webhook URL. [env var: TRIPWIRE_SLACK_WEBHOOK_URL]")] = None,
-    pagerduty_key: Annotated[str | None, typer.Option(envvar="TRIPWIRE_PAGERDUTY_ROUTING_KEY", help="PagerDuty Events v2 routing key. [env var: TRIPWIRE_PAGERDUTY_ROUTING_KEY]")] = None,
-    pagerduty_url: Annotated[str, typer.Option(envvar="TRIPWIRE_PAGERDUTY_URL", help="PagerDuty Events API URL. [env var: TRIPWIRE_PAGERDUTY_URL]")] = "https://events.pagerduty.com/v2/enqueue",
-    dashboard_url: Annotated[str | None, typer.Option(envvar="TRIPWIRE_DASHBOARD_URL", help="Public URL of this service, for links in alerts. [env var: TRIPWIRE_DASHBOARD_URL]")] = None,
-    log_format: Annotated[str, typer.Option(envvar="TRIPWIRE_LOG_FORMAT", help="Log lines as 'json' or 'text'. [env var: TRIPWIRE_LOG_FORMAT]")] = "json",
+    ctx: typer.Context,
+    config_file: Annotated[str | None, typer.Option("--config", envvar="TRIPWIRE_CONFIG", metavar="FILE", help="A tripwire.toml: its [serve] section (host, port, store…), [limits], [policy], [digest], [engine]. Options and variables override it.", show_default=False)] = None,
+    host: Annotated[str | None, _opt("host")] = None,
+    port: Annotated[str | None, _opt("port")] = None,
+    store: Annotated[str | None, _opt("store", metavar="URL")] = None,
+    redis_url: Annotated[str | None, _opt("redis_url", metavar="URL")] = None,
+    state: Annotated[str | None, _opt("state")] = None,
+    token_file: Annotated[str | None, _opt("token_file")] = None,
+    no_auth: Annotated[bool, _opt("no_auth")] = False,
+    preset: Annotated[str | None, typer.Option(envvar="TRIPWIRE_PRESET", metavar="NAME", help="Loop-policy preset (default, seed…).", show_default=False)] = None,
+    max_tool_calls: Annotated[str | None, typer.Option(envvar="TRIPWIRE_MAX_TOOL_CALLS", metavar="N|off", help="Stop a run after this many tool calls (also [limits] max_tool_calls; every [limits] key applies).", show_default=False)] = None,
+    max_steps: Annotated[str | None, typer.Option(envvar="TRIPWIRE_MAX_STEPS", metavar="N|off", help="Stop a run after this many model calls.", show_default=False)] = None,
+    store_raw: Annotated[bool, _opt("store_raw")] = False,
+    reorder_ms: Annotated[str | None, _opt("reorder_ms")] = None,
+    max_body_mb: Annotated[str | None, _opt("max_body_mb")] = None,
+    max_inflight: Annotated[str | None, _opt("max_inflight")] = None,
+    max_buffered_spans: Annotated[str | None, _opt("max_buffered_spans")] = None,
+    webhook: Annotated[list[str] | None, _opt("webhook_url")] = None,
+    slack_webhook: Annotated[str | None, _opt("slack_webhook_url", metavar="URL")] = None,
+    pagerduty_key: Annotated[str | None, _opt("pagerduty_routing_key", metavar="KEY")] = None,
+    pagerduty_url: Annotated[str | None, _opt("pagerduty_url", metavar="URL")] = None,
+    dashboard_url: Annotated[str | None, _opt("dashboard_url", metavar="URL")] = None,
+    log_format: Annotated[str | None, _opt("log_format")] = None,
 ) -> None:
+    from tripwire.errors import ConfigError
+
+    given = {
+        "config": config_file, "host": host, "port": port, "store": store, "redis_url": redis_url,
+        "state": state, "token_file": token_file, "no_auth": no_auth, "preset": preset,
+        "max_tool_calls": max_tool_calls, "max_steps": max_steps, "store_raw": store_raw,
+        "reorder_ms": reorder_ms, "max_body_mb": max_body_mb, "max_inflight": max_inflight,
+        "max_buffered_spans": max_buffered_spans, "webhook_url": webhook,
+        "slack_webhook_url": slack_webhook, "pagerduty_routing_key": pagerduty_key,
+        "pagerduty_url": pagerduty_url, "dashboard_url": dashboard_url, "log_format": log_format,
+    }
+    params = {"config": "config_file", "webhook_url": "webhook", "slack_webhook_url": "slack_webhook",
+              "pagerduty_routing_key": "pagerduty_key"}
+    # Only what was typed on the command line is an option; a variable or the default is read
+    # by the loader (so a variable is named as itself in errors, and sits above the file).
+    options = {
+        key: value for key, value in given.items()
+        if getattr(ctx.get_parameter_source(params.get(key, key)), "name", None) == "COMMANDLINE"
+    }
+    try:
+        loaded, settings = load_serve_config(options)
+    except ConfigError as exc:
+        abort(str(exc))
     try:
         import uvicorn
 
         from tripwire.core.budget import Limits
-        from tripwire.core.policy import LoopPolicy
         from tripwire.serve import ServeConfig, create_app
         from tripwire.serve.alerts import AlertTarget
         from tripwire.serve.otlp import protobuf_backend
         from tripwire.store.runs import RunStore
     except ImportError as exc:
         abort(f"tripwire serve needs its extra: pip install 'tripwire[serve]' ({exc.name} is missing)")
-    from tripwire.errors import ConfigError
 
-    if log_format not in ("json", "text"):
-        abort(f"--log-format must be 'json' or 'text', got {log_format!r}")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if log_format == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_JsonFormatter() if settings["log_format"] == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("tripwire")
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     log = logging.getLogger("tripwire.serve")
 
-    tokens = _tokens(token_file)
-    if not tokens and not no_auth:
+    tokens = _tokens(settings["token_file"])
+    if not tokens and not settings["no_auth"]:
         suggestion = secrets.token_urlsafe(32)
         abort(
             "no bearer token: set TRIPWIRE_TOKEN (or --token-file), e.g. "
@@ -119,29 +168,38 @@ def serve(
             "slower; install a protobuf wheel with the upb backend (pip install -U protobuf)",
             backend,
         )
+    store_url = settings["store"]
+    redis = settings["redis_url"]
     try:
-        policy = LoopPolicy.preset(preset) if preset else LoopPolicy()
-        limits = Limits(max_tool_calls=max_tool_calls, max_steps=max_steps)
-        alerts: list[AlertTarget] = [AlertTarget(kind="webhook", url=u) for u in webhook or ()]
-        if slack_webhook:
-            alerts.append(AlertTarget(kind="slack", url=slack_webhook))
-        if pagerduty_key:
-            alerts.append(AlertTarget(kind="pagerduty", url=pagerduty_url, routing_key=pagerduty_key))
+        alerts: list[AlertTarget] = [AlertTarget(kind="webhook", url=u) for u in settings["webhook_url"]]
+        if settings["slack_webhook_url"]:
+            alerts.append(AlertTarget(kind="slack", url=settings["slack_webhook_url"]))
+        if settings["pagerduty_routing_key"]:
+            alerts.append(AlertTarget(kind="pagerduty", url=settings["pagerduty_url"], routing_key=settings["pagerduty_routing_key"]))
+        engine: dict[str, Any] = {}
+        if loaded.max_traces is not None:
+            engine["max_traces"] = loaded.max_traces
+        if loaded.idle_ttl_s is not None:
+            engine["idle_ttl_s"] = loaded.idle_ttl_s
         config = ServeConfig(
-            store_url=store,
-            redis_url=redis_url,
-            state=state,
+            store_url=store_url,
+            redis_url=redis,
+            state=settings["state"],
             tokens=tokens,
-            auth=not no_auth,
-            policy=policy,
-            limits=limits,
-            store_raw=store_raw,
-            reorder_s=reorder_ms / 1000,
-            max_body_bytes=max_body_mb * 1024 * 1024,
+            auth=not settings["no_auth"],
+            policy=loaded.policy,
+            limits=loaded.limits if loaded.limits is not None else Limits(),
+            normalizer=loaded.normalizer,
+            store_raw=settings["store_raw"],
+            reorder_s=settings["reorder_ms"] / 1000,
+            max_body_bytes=settings["max_body_mb"] * 1024 * 1024,
+            max_inflight=settings["max_inflight"],
+            max_buffered_spans=settings["max_buffered_spans"],
             alerts=tuple(alerts),
-            dashboard_url=dashboard_url,
+            dashboard_url=settings["dashboard_url"],
+            **engine,
         )
-        run_store = RunStore.open(store)
+        run_store = RunStore.open(store_url)
     except ConfigError as exc:
         abort(str(exc))
     except Exception as exc:  # a store that cannot be reached: say which, never a traceback
@@ -152,18 +210,19 @@ def serve(
         service = Service(config, store=run_store)
     except ConfigError as exc:
         abort(str(exc))
-    if redis_url and not service.kill.ping():
-        abort(f"--redis {redis_url}: Redis does not answer")
+    if redis and not service.kill.ping():
+        abort(f"redis_url {redis}: Redis does not answer")
+    host_, port_ = settings["host"], settings["port"]
     err_console.print(
-        f"tripwire serve on http://{host}:{port} (OTLP: POST /v1/traces; store: "
-        f"{run_store.dialect}; kill channel: {'redis' if redis_url else 'store'})",
+        f"tripwire serve on http://{host_}:{port_} (OTLP: POST /v1/traces; store: "
+        f"{run_store.dialect}; kill channel: {'redis' if redis else 'store'})",
         highlight=False,
         soft_wrap=True,
     )
     uvicorn.run(
         create_app(config, service=service),
-        host=host,
-        port=port,
+        host=host_,
+        port=port_,
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=10,
