@@ -279,3 +279,20 @@ def test_a_token_budget_ends_with_the_tool_less_answer_kept(mode: str) -> None:
     else:
         assert isinstance(out, StoppedRun) and out.partial == "partial: 3 results"
     assert got[0].reason is StopReason.MAX_TOTAL_TOKENS
+
+
+def _two_calls_then_crash(i: int, seen: list[str], tools: bool) -> Any:
+    if i < 2:
+        return [("search_docs", {"query": f"topic {i}"})]
+    raise RuntimeError("model down")
+
+
+@pytest.mark.parametrize("mode", ["create_react_agent+callbacks", "create_agent+callbacks"])
+def test_a_graph_that_crashes_hands_over_a_receipt_that_claims_no_end(mode: str) -> None:
+    counters = Counters()
+    got: list[StopReceipt] = []
+    with pytest.raises(RuntimeError, match="model down"):
+        run(mode, _two_calls_then_crash, counters, on_receipt=got.append)
+    assert len(got) == 1
+    assert got[0].reason is None and got[0].end is None  # was "completed" before
+    assert got[0].counters.tool_calls == 2 and counters.tool_bodies == 2

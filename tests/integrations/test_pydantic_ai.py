@@ -327,3 +327,34 @@ def test_a_token_budget_ends_with_the_tool_less_answer_kept() -> None:
     else:
         assert isinstance(out, StoppedRun) and out.partial == "partial: 3 results"
     assert got[0].reason is StopReason.MAX_TOTAL_TOKENS
+
+
+def _two_calls_then_crash(i: int, seen: list[str], tools: bool) -> Any:
+    if i < 2:
+        return [("search_docs", {"query": f"topic {i}"})]
+    raise RuntimeError("model down")
+
+
+def test_a_run_that_crashes_still_hands_over_a_receipt_that_claims_no_end() -> None:
+    got, on_receipt = sink()
+    counters = Counters()
+    agent = build(_two_calls_then_crash, counters, Tripwire(on_receipt=on_receipt))
+    with pytest.raises(RuntimeError, match="model down"):
+        agent.run_sync("What is the refund policy?")
+    assert len(got) == 1
+    receipt = got[0]
+    assert receipt.reason is None and receipt.end is None  # never "completed"
+    assert receipt.counters.tool_calls == 2 and counters.tool_bodies == 2
+
+
+def test_a_cancelled_run_is_recorded_as_a_user_abort() -> None:
+    got, on_receipt = sink()
+    counters = Counters()
+
+    def cancelled(i: int, seen: list[str], tools: bool) -> Any:
+        raise KeyboardInterrupt
+
+    agent = build(cancelled, counters, Tripwire(on_receipt=on_receipt))
+    with pytest.raises(KeyboardInterrupt):
+        agent.run_sync("What is the refund policy?")
+    assert [r.reason for r in got] == [StopReason.USER_CANCELLED]

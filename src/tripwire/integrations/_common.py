@@ -37,6 +37,7 @@ that only get framework objects.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -309,6 +310,28 @@ class RunControl:
             partial=partial,
             error=exc,
         )
+
+    def failed(self, error: BaseException) -> StopReceipt:
+        """The run ended with an exception: record it and hand the receipt to ``on_receipt`` (once).
+
+        Call it where the framework's run raised (its error callback, or around its run call),
+        then let the exception go on. A ``KeyboardInterrupt`` or an asyncio cancellation is a
+        user abort (``user_cancelled``); a stop tripwire had recorded (that the framework turned
+        into another exception) keeps its reason; anything else gets a receipt with no stop
+        reason, which explains as ``uncertain``: a crashed run is never ``completed``.
+
+        Returns:
+            The run's receipt (the same one on every call).
+        """
+        if isinstance(error, RunStopped):
+            return self.stop_result(error).receipt
+        if isinstance(error, (KeyboardInterrupt, asyncio.CancelledError)):
+            self.guard.finish(StopReason.USER_CANCELLED)
+            return self.finish()
+        stopped = self.guard.stopped
+        if stopped is not None:
+            return self.stop_result(stopped).receipt
+        return self._emit()  # no reason: the receipt does not claim how the run ended
 
     @property
     def receipt(self) -> StopReceipt | None:

@@ -145,9 +145,9 @@ class TripwirePlugin(BasePlugin):
         self._end(invocation_context.invocation_id)
 
     async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
-        self._end(invocation_context.invocation_id, crashed=True)
+        self._end(invocation_context.invocation_id, error=error)
 
-    def _end(self, invocation_id: str, *, crashed: bool = False) -> None:
+    def _end(self, invocation_id: str, *, error: BaseException | None = None) -> None:
         with self._lock:
             control = self._runs.pop(invocation_id, None)
             self._refused = {k for k in self._refused if k[0] != invocation_id}
@@ -155,8 +155,8 @@ class TripwirePlugin(BasePlugin):
             return
         stopped = control.stopped
         if stopped is None:
-            if crashed:  # not completed: a receipt that does not claim how the run ended
-                control._emit()
+            if error is not None:  # never "completed": a crash, or a user abort
+                control.failed(error)
             else:
                 control.finish()
             return

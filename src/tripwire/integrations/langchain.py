@@ -509,10 +509,8 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
                         self._stopped_runs[id(error)] = stopped
                         while len(self._stopped_runs) > 64:
                             self._stopped_runs.popitem(last=False)
-                elif run.stopped is not None:
-                    run.stop_result(run.stopped)
-                else:
-                    run.finish()
+                else:  # a crash is never "completed"; a stop the graph re-raised keeps its reason
+                    run.failed(error)
 
     # -- model calls --------------------------------------------------------------------------
 

@@ -123,20 +123,6 @@ def _free_choice(*settings: ModelSettings | None) -> bool:
     return all(s is None or s.tool_choice in (None, "auto") for s in settings)
 
 
-def _record_crash(control: RunControl, exc: BaseException) -> None:
-    """The run ended with an exception that is not a tripwire stop: still hand over a receipt.
-
-    A cancellation is a user abort; anything else leaves the cause unrecorded (the receipt's
-    health is then ``uncertain``), never ``completed``.
-    """
-    if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
-        control.guard.finish(StopReason.USER_CANCELLED)
-        control.finish()
-    elif control.stopped is not None:
-        control.stop_result(control.stopped)
-    else:
-        control._emit()  # package-internal: a receipt without claiming how the run ended
-
 
 class TripwireHooks(RunHooks[Any]):
     """The SDK's ``RunHooks`` for one run under one :class:`~tripwire.integrations.RunControl`.
@@ -412,11 +398,11 @@ class Tripwire:
             except (RunStopped, UserError, ToolInputGuardrailTripwireTriggered) as exc:
                 stop = stopped_run_from(exc)
                 if stop is None:
-                    _record_crash(control, exc)
+                    control.failed(exc)
                     raise
                 return control.stop_result(stop)
             except BaseException as exc:
-                _record_crash(control, exc)
+                control.failed(exc)
                 raise
         control.finish(result.final_output)
         return result

@@ -194,6 +194,9 @@ class Tripwire(AbstractCapability[Any]):
                     exc.receipt = stopped.receipt
                 raise
             return AgentRunResult(stopped)
+        except BaseException as exc:
+            run.failed(exc)  # a receipt that never claims "completed"; the error goes on
+            raise
         finally:
             current_run.reset(token)
         run.finish(getattr(result, "output", None))

@@ -32,7 +32,6 @@ per agent instance, as smolagents itself requires. Every run hands its receipt t
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 from collections.abc import Mapping
@@ -165,20 +164,6 @@ class _AgentRuns:
         if wrap is not None:
             step.observations = f"{step.observations}\n{wrap}" if step.observations else wrap
 
-
-def _record_crash(control: RunControl, exc: BaseException) -> None:
-    """The run ended with an exception that is not a tripwire stop: still hand over a receipt.
-
-    A cancellation is a user abort; anything else leaves the cause unrecorded (the receipt's
-    health is then ``uncertain``), never ``completed``.
-    """
-    if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
-        control.guard.finish(StopReason.USER_CANCELLED)
-        control.finish()
-    elif control.stopped is not None:
-        control.stop_result(control.stopped)
-    else:
-        control._emit()  # package-internal: a receipt without claiming how the run ended
 
 
 class GuardedTool(Tool):  # type: ignore[misc]
@@ -322,7 +307,7 @@ class Tripwire:
             return control.stop_result(exc)
         except BaseException as exc:
             runs.end()
-            _record_crash(control, exc)
+            control.failed(exc)
             raise
 
     def stopped_run(self, agent: Any, exc: RunStopped) -> StoppedRun:
