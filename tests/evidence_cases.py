@@ -9,6 +9,7 @@ the results are the texts a tool would return.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,13 @@ def _steps(rows: list[tuple[str, dict[str, Any], str]], gap: float = 1.0) -> tup
 
 def _uuid(i: int) -> str:
     return str(uuid.UUID(int=(0x9E3779B97F4A7C15 * (i + 1)) % (1 << 128)))
+
+
+def _letter_uuid(i: int) -> str:
+    """A uuid whose first group is all letters (``abcdefab-…``): it starts with a letter and has
+    no digit before the first dash."""
+    text = str(uuid.UUID(bytes=hashlib.sha256(b"%d" % i).digest()[:16]))
+    return "".join("abcdef"[int(c, 16) % 6] for c in text[:8]) + text[8:]
 
 
 def cases() -> list[Case]:
@@ -121,6 +129,26 @@ def cases() -> list[Case]:
         Case(
             "a fresh hex id in every result of an identical call",
             _steps([("deploy", {"env": "prod"}, f"deploy queued as {0xA1B2C3D4E5 + 977 * i:x}") for i in range(6)]),
+            4,
+        ),
+        Case(
+            "a fresh hex id that starts with a letter in every result of an identical call",
+            _steps([("create_job", {"kind": "export"}, f"job {_letter_uuid(i)} queued") for i in range(6)]),
+            4,
+        ),
+        Case(
+            "a fresh all-letter hex id in every result of an identical call",
+            _steps([("deploy", {"env": "staging"}, f"release {'deadbeefcafe'[i:] + 'deadbeefcafe'[:i]} is live") for i in range(6)]),
+            4,
+        ),
+        Case(
+            "a clock time and a compound duration changing in every result of an identical call",
+            _steps([("run_suite", {"name": "e2e"}, f"[12:0{i}:1{i}] suite failed after {i + 1}m{10 + i}s") for i in range(6)]),
+            4,
+        ),
+        Case(
+            "a request id written out in every result of an identical call",
+            _steps([("charge", {"card": "visa"}, f"declined (request id: {0x3A7F + 7919 * i:x}-{i}b)") for i in range(6)]),
             4,
         ),
         Case(

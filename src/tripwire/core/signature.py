@@ -60,9 +60,11 @@ __all__ = [
     "signature_of",
 ]
 
-NORMALIZER_SCHEME: Final = "n2r4"
+NORMALIZER_SCHEME: Final = "n2r5"
 """Bump when the canonical form of arguments (n…) or results (r…) changes in a way the fields
-of :class:`Normalizer` don't show."""
+of :class:`Normalizer` don't show (r5: hex ids that start with a letter, dates with slashes,
+compound durations, memory addresses, request ids written out and temporary names are
+volatile too)."""
 
 DEFAULT_VOLATILE_KEYS: Final = frozenset(
     {
@@ -257,28 +259,72 @@ _UNIT: Final = rb"(?:ns|us|\xc2\xb5s|ms|s|secs?|seconds?|mins?|minutes?|h|hrs?|h
 
 VOLATILE_TEXT: Final = (
     rb"(?<=sh: line \d)\d*(?=:)",  # a shell's command counter (bash: line 32619: cd: ...)
-    rb"(?<![\w.]\d)\d{3}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?(?:Z|[+-]\d\d:?\d\d)?)?",  # date, ISO time
+    # date, ISO time (also in a file name: run_2026-12-01_10-00-00)
+    rb"(?<![0-9A-Za-z.]\d)\d{3}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?(?:Z|[+-]\d\d:?\d\d)?|[T_]\d\d-\d\d-\d\d)?",
+    rb"(?<![\w./]\d)(?:\d?/\d\d?/\d\d(?:\d\d)?|\d{3}/\d\d?/\d\d?)(?![\w/])",  # date with slashes
     rb"(?<![\w.:]\d)\d?:\d\d(?::\d\d(?:[.,]\d+)?)?(?![\w:])",  # clock time
     rb"(?<![\w.-]\d)[0-9a-fA-F]{7}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(?![\w-])",  # UUID
     rb"(?<![\w.]\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{7,}(?:-[0-9a-fA-F]{4,})*(?![\w-])",  # hex id, UUID
+    rb"(?<![\w.]0)(?<=0)x[0-9a-fA-F]{6,}(?!\w)",  # a memory address (0x7f3a2b1c4d50)
     rb"(?<![\w.]\d)\d{3,}(?:\.\d+)?(?![\w.])",  # a number of 4+ digits: an id, a year, an epoch time
     rb"(?<![\w.]\d)\d*(?:\.\d+)?\s?" + _UNIT,  # duration
+    rb"(?<![\w.]\d)\d*(?:h\d+m(?:\d+(?:\.\d+)?s)?|m\d+(?:\.\d+)?s)(?![A-Za-z0-9_])",  # 1m23s, 2h5m
     rb"(?=(?:[A-Za-z]*\d){3})(?=\d*[A-Za-z])[A-Za-z0-9]{15,}(?![A-Za-z0-9])",  # request / random id
+    # a word of 10+ letters and digits that mixes 3+ digits, 2+ upper and lower case (8fK2mZpQ1xL9)
+    rb"(?<![A-Za-z0-9]\d)(?=(?:[A-Za-z]*\d){2})(?=(?:[0-9a-z]*[A-Z]){2})(?=[0-9A-Z]*[a-z])[A-Za-z0-9]{9,}(?![A-Za-z0-9])",
 )
-"""What a short result may carry that changes on every call without being new evidence. Each
-pattern continues a match that starts at a digit (so the scan only stops at digits); every
-match is replaced by one fixed token before hashing (``Normalizer.result_digest``): a
-timestamp, date or clock time, a duration with its unit, a hex id or UUID (8+ characters), a
-number of 7+ digits (epoch times, fresh ids), a shell's command counter, and a 16+ character
-mixed letter-and-digit token (request ids)."""
+"""What a short result may carry that changes on every call without being new evidence, in
+matches that start at a digit (:data:`VOLATILE_WORDS` holds those that can start at a letter).
+Every match is replaced by one fixed token before hashing (``Normalizer.result_digest``): a
+timestamp, date (ISO or with slashes) or clock time, a duration with its unit (``0.53s``,
+``1m23s``), a hex id or UUID (8+ characters), a memory address, a number of 4+ digits (epoch
+times, fresh ids), a shell's command counter, and random letter-and-digit tokens (request
+ids)."""
 
-_HEX_FROM_A_LETTER: Final = (
-    rb"(?<![0-9A-Za-z])(?=[a-fA-F]+\d)(?=[0-9a-fA-F]{8,}(?![\w]))[0-9a-fA-F]+(?:-[0-9a-fA-F]{4,})*(?![\w-])"
+VOLATILE_WORDS: Final = (
+    # a UUID that starts with a letter, in any case, digits or not
+    rb"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(?![\w-])",
+    # a hex id that starts with a letter: 8+ characters with a digit somewhere (deadbeef-12ab),
+    # or 12+ hex letters with none (deadbeefcafe)
+    rb"(?=[a-fA-F])(?:(?=[0-9a-fA-F-]*\d)[0-9a-fA-F]{8,}(?:-[0-9a-fA-F]{4,})*|[a-fA-F]{12,})(?![\w-])",
+    # a random token: 16+ letters and digits (3+ of them digits), or 10+ mixing lower case,
+    # upper case (2+) and 3+ digits (reqK8fK2mZpQ1xL9)
+    rb"(?=(?:[A-Za-z]*\d){3})(?:(?=\d*[A-Za-z])[A-Za-z0-9]{16,}|(?=(?:[0-9a-z]*[A-Z]){2})(?=[0-9A-Z]*[a-z])[A-Za-z0-9]{10,})(?![A-Za-z0-9])",
+    # the value of a request, trace, span or correlation id written out in text
+    rb"(?i:(?:x-)?(?:request|req|trace|span|correlation)[ _-]?id)[\"']? ?[:=]\s*[\"']?[\w.-]+",
+    rb"tmp[a-z0-9_]{8}(?![A-Za-z0-9_])",  # a temporary file's name (Python's tempfile)
 )
-"""A hex id or UUID that starts with a letter (``e29b41d4…``): the one volatile value whose match
-cannot start at a digit."""
+"""The volatile values whose match starts at a letter, at the start of a word: a UUID or hex id
+that starts with a letter (``deadbeefcafe``, ``abcdefab-…``), a random token, a request /
+trace id written out as ``request_id: …``, and a temporary file's name."""
 
-_VOLATILE_TEXT_RE: Final = re.compile(rb"\d(?:" + b"|".join(VOLATILE_TEXT) + rb")|" + _HEX_FROM_A_LETTER)
+_VOLATILE_DIGITS_RE: Final = re.compile(rb"\d(?:" + b"|".join(VOLATILE_TEXT) + rb")")
+_VOLATILE_WORDS_RE: Final = re.compile(rb"(?<![0-9A-Za-z])(?=[A-Za-z])(?:" + b"|".join(VOLATILE_WORDS) + rb")")
+_VOLATILE_TEXT_RE: Final = re.compile(_VOLATILE_DIGITS_RE.pattern + b"|" + _VOLATILE_WORDS_RE.pattern)
+"""Every volatile value of a short result: :data:`VOLATILE_TEXT` and :data:`VOLATILE_WORDS`."""
+
+_LETTERS: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_SHAPES: Final = bytes.maketrans(_LETTERS + _DIGITS, b"a" * 52 + b"0" * 10)
+"""Letters to ``a``, digits to ``0``: where a letter meets a digit, at C speed."""
+_HEX_LETTERS: Final = bytes.maketrans(b"abcdefABCDEFhH", b"h" * 12 + b"xx")
+_ID_KEY_RE: Final = re.compile(rb"id[\"']? ?[:=]")
+
+
+def _may_hold_words(payload: bytes, digits: bool) -> bool:
+    """False when no pattern of :data:`VOLATILE_WORDS` can match ``payload`` (``digits``: it
+    holds one). Each needs a letter followed by a digit, 8 hex letters in a row (a hex id with no
+    digit in its first group), ``tmp``, or an ``id:`` key: a few C-level scans, against a regex
+    that tries every word."""
+    if digits:
+        shapes = payload.translate(_SHAPES)
+        if b"a0" in shapes:
+            return True
+    return (
+        b"hhhhhhhh" in payload.translate(_HEX_LETTERS)
+        or b"tmp" in payload
+        or _ID_KEY_RE.search(payload.lower()) is not None
+    )
+
 
 EMPTY_RESULT: Final = xxhash.xxh3_128_hexdigest(b"\x00nothing\x00", xxhash.xxh3_64_intdigest(b"\x00result\x00"))
 """The digest of every result that found nothing: no output, an empty JSON value, or a short
@@ -678,10 +724,12 @@ class Normalizer:
         Short results keep their small numbers: a page number, a count, a progress figure or a
         log's ``line 3`` is what tells one status from the next, and masking every digit made
         healthy paging, batch and polling work look like a loop. What changes on every call
-        without being evidence is masked instead (:data:`VOLATILE_TEXT`): timestamps, dates and
-        clock times, durations with a unit (``0.53s``, ``12 ms``), UUIDs and hex ids, numbers of
-        4 digits or more (a fresh order id, an epoch time), a shell's command counter and long
-        mixed letter-and-digit tokens (request ids). Results longer than :data:`_SHORT` bytes
+        without being evidence is masked instead (:data:`VOLATILE_TEXT`,
+        :data:`VOLATILE_WORDS`): timestamps, dates and clock times, durations (``0.53s``,
+        ``1m23s``), UUIDs and hex ids whatever they start with, memory addresses, numbers of 4
+        digits or more (a fresh order id, an epoch time), a shell's command counter, random
+        letter-and-digit tokens, request ids written out and temporary file names. Results
+        longer than :data:`_SHORT` bytes
         (a file view, a build log) lose every digit: there a number that changed while the
         text did not (the line count of a file the same edit keeps growing) is no news.
         Mappings are canonicalized like arguments (volatile keys dropped, sorted JSON); text
@@ -717,8 +765,12 @@ class Normalizer:
             if maybe and _EMPTY_RE.match(bare) is not None:
                 return EMPTY_RESULT
         stripped = payload.translate(None, _DIGITS)
-        if len(stripped) == size:  # no digit: nothing to mask (every pattern starts at one)
-            return self._result_hash(payload)
+        if len(stripped) == size:  # no digit: only a word can be volatile (deadbeefcafe…)
+            if not _may_hold_words(payload, False):
+                return self._result_hash(payload)
+            return self._result_hash(_VOLATILE_WORDS_RE.sub(b"\x00v", payload))
+        if not _may_hold_words(payload, True):
+            return self._result_hash(_VOLATILE_DIGITS_RE.sub(b"\x00v", payload))
         return self._result_hash(_VOLATILE_TEXT_RE.sub(b"\x00v", payload))
 
     def _result_hash(self, payload: bytes) -> str:
