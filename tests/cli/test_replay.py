@@ -346,3 +346,9 @@ def test_replay_traces_of_a_missing_path_raises() -> None:
     problems: list[Any] = []
     assert list(replay_traces("no/such/dir/", problems=problems)) == []
     assert len(problems) == 1
+
+
+def test_an_error_in_a_variable_names_the_variable_not_the_option(traces: Path) -> None:
+    result = runner.invoke(app, ["replay", str(traces)], env={"TRIPWIRE_WINDOW": "2"})
+    assert result.exit_code == 2, result.output
+    assert "TRIPWIRE_WINDOW 2" in result.stderr and "--window" not in result.stderr

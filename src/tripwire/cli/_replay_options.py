@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Annotated, Any, Final, NoReturn
 
-import click
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -223,24 +222,24 @@ def _option_name(setting: str) -> str:
     return _OPTION_NAMES.get(setting, "--" + setting.replace("_", "-"))
 
 
-def resolve_config(**given: Any) -> Config:
+def resolve_config(ctx: typer.Context | None = None, **given: Any) -> Config:
     """The settings the command line, the environment and the files describe.
 
     ``given`` are the command's option values by setting name (``preset``, ``window``,
-    ``volatile_keys``…). Values that click took from an environment variable are left to the
-    loader, which reads the environment itself and names the variable in its errors.
+    ``volatile_keys``…). Values the command's ``ctx`` says came from an environment variable
+    are left to the loader, which reads the environment itself and names the variable in its
+    errors.
 
     Exits with code 2 (through :func:`abort`) on an invalid setting.
     """
-    ctx = click.get_current_context(silent=True)
     options: dict[str, Any] = {}
     for name, value in given.items():
         if value is None or value == []:
             continue
-        param = _CLICK_PARAMS.get(name, name)
-        source = ctx.get_parameter_source(param) if ctx is not None else None
-        if source is click.core.ParameterSource.ENVIRONMENT:
-            continue
+        if ctx is not None:
+            source = ctx.get_parameter_source(_CLICK_PARAMS.get(name, name))
+            if getattr(source, "name", None) == "ENVIRONMENT":
+                continue
         options[name] = value
     try:
         return load_config(options, option_name=_option_name)
@@ -249,6 +248,7 @@ def resolve_config(**given: Any) -> Config:
 
 
 def resolve_policy(
+    ctx: typer.Context | None = None,
     *,
     config: str | None = None,
     policy_file: str | None = None,
@@ -263,6 +263,7 @@ def resolve_policy(
 ) -> tuple[LoopPolicy, Normalizer]:
     """The policy and normalizer of :func:`resolve_config` (the replay commands need these)."""
     loaded = resolve_config(
+        ctx,
         config=config,
         policy_file=policy_file,
         preset=preset,

@@ -115,6 +115,7 @@ def _keys(text: str | None) -> list[KeyMode] | None:
     short_help="Pick window/threshold from labelled traces: catches vs false alarms.",
 )
 def calibrate(
+    ctx: typer.Context,
     paths: Paths,
     labels: Annotated[
         str,
@@ -253,6 +254,7 @@ def calibrate(
     if write_limits is not None and line_alpha is None:
         abort_plain("--write-limits writes a learned step line: pass --line-alpha too (e.g. --line-alpha 0.05)")
     base, normalizer = resolve_policy(
+        ctx,
         config=config,
         policy_file=policy_file,
         preset=policy_preset,

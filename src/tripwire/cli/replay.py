@@ -81,6 +81,7 @@ _HELP = "\n\n".join(
     short_help="Run a loop policy over recorded OTLP traces, offline.",
 )
 def replay(
+    ctx: typer.Context,
     paths: Paths,
     config: ConfigPath = None,
     policy_file: PolicyPath = None,
@@ -123,6 +124,7 @@ def replay(
     from tripwire.replay.engine import load_traces, replay_trace
 
     policy, normalizer = resolve_policy(
+        ctx,
         config=config,
         policy_file=policy_file,
         preset=policy_preset,
