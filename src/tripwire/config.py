@@ -1034,6 +1034,9 @@ SERVE_SETTINGS: Final[Mapping[str, ServeSetting]] = MappingProxyType({s.name: s 
     ServeSetting(name="max_buffered_spans", option="--max-buffered-spans", kind="int",
                  default=200_000, minimum=1, maximum=100_000_000,
                  help="spans waiting in the reorder buffer at most; more get 503 with Retry-After"),
+    ServeSetting(name="spool", option="--spool", kind="path",
+                 help="the write-ahead spool directory: accepted requests survive a crash of "
+                 "the process and are replayed at the next start; 'off' turns it off"),
     ServeSetting(name="webhook_url", option="--webhook", kind="list", default=(),
                  help="POST each transition as JSON to these URLs"),
     ServeSetting(name="slack_webhook_url", option="--slack-webhook", kind="str",

@@ -29,7 +29,7 @@ def _config(tmp_path: Path, port: int, extra: str = "") -> Path:
     path.write_text(
         "version = 1\n\n[limits]\nmax_tool_calls = 2\n\n"
         f'[serve]\nport = {port}\nstore = "sqlite:///{tmp_path / "runs.db"}"\n'
-        f'token_file = "tokens.txt"\nreorder_ms = 0\nlog_format = "text"\n{extra}'
+        f'token_file = "tokens.txt"\nreorder_ms = 0\nlog_format = "text"\nspool = "spool"\n{extra}'
     )
     return path
 

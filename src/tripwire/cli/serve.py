@@ -106,6 +106,7 @@ def serve(
     max_body_mb: Annotated[str | None, _opt("max_body_mb")] = None,
     max_inflight: Annotated[str | None, _opt("max_inflight")] = None,
     max_buffered_spans: Annotated[str | None, _opt("max_buffered_spans")] = None,
+    spool: Annotated[str | None, _opt("spool", metavar="DIR|off")] = None,
     webhook: Annotated[list[str] | None, _opt("webhook_url")] = None,
     slack_webhook: Annotated[str | None, _opt("slack_webhook_url", metavar="URL")] = None,
     pagerduty_key: Annotated[str | None, _opt("pagerduty_routing_key", metavar="KEY")] = None,
@@ -120,7 +121,7 @@ def serve(
         "state": state, "token_file": token_file, "no_auth": no_auth, "preset": preset,
         "max_tool_calls": max_tool_calls, "max_steps": max_steps, "store_raw": store_raw,
         "reorder_ms": reorder_ms, "max_body_mb": max_body_mb, "max_inflight": max_inflight,
-        "max_buffered_spans": max_buffered_spans, "webhook_url": webhook,
+        "max_buffered_spans": max_buffered_spans, "spool": spool, "webhook_url": webhook,
         "slack_webhook_url": slack_webhook, "pagerduty_routing_key": pagerduty_key,
         "pagerduty_url": pagerduty_url, "dashboard_url": dashboard_url, "log_format": log_format,
     }
@@ -168,6 +169,13 @@ def serve(
             "slower; install a protobuf wheel with the upb backend (pip install -U protobuf)",
             backend,
         )
+    spool_dir = settings["spool"]
+    if spool_dir is None:  # default: one spool per port in the user data folder
+        from platformdirs import user_data_dir
+
+        spool_dir = str(Path(user_data_dir("tripwire", appauthor=False)) / f"spool-{settings['port']}")
+    elif spool_dir == "off":
+        spool_dir = None
     store_url = settings["store"]
     redis = settings["redis_url"]
     try:
@@ -197,6 +205,7 @@ def serve(
             max_buffered_spans=settings["max_buffered_spans"],
             alerts=tuple(alerts),
             dashboard_url=settings["dashboard_url"],
+            spool_dir=spool_dir,
             **engine,
         )
         run_store = RunStore.open(store_url)

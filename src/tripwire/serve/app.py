@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import json
 import logging
 import queue
@@ -53,6 +54,7 @@ from tripwire.serve.fleet import Fleet, Outcome
 from tripwire.serve.killchannel import KillChannel, RedisKillChannel, StoreKillChannel, flag_payload
 from tripwire.serve.metrics import Metrics
 from tripwire.serve.otlp import BodyTooLarge, decode_request, decompress
+from tripwire.serve.spool import Spool, SpoolBusy
 from tripwire.store.runs import Batch, RunStore
 
 __all__ = ["ServeConfig", "Service", "create_app"]
@@ -102,6 +104,13 @@ class ServeConfig:
     """The public URL of the dashboard, for links in alerts."""
     dashboard: bool = True
     """Serve the dashboard (``/``, ``/runs``, ``/runs/{trace_id}``) behind the same auth."""
+    spool_dir: str | None = None
+    """The write-ahead spool (:mod:`tripwire.serve.spool`): every accepted request is appended
+    there before its 200 and replayed at the next start after a crash; ``None``: off."""
+    spool_max_bytes: int = 1024 * 1024 * 1024
+    """The spool at most; above (the store is far behind), requests get 503 with Retry-After."""
+    max_pending_writes: int = 256
+    """Routine write batches waiting for the writer at most; more: 503 with Retry-After."""
 
 
 class Service:
@@ -148,63 +157,147 @@ class Service:
         self.alerts = Alerts(config.alerts, dashboard_url=config.dashboard_url)
         self.sender = Sender(self.store, config.alerts)
         self.inflight = 0
-        self._routine: queue.Queue[Batch | None] = queue.Queue()
+        self._routine: queue.Queue[Batch | float | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="tripwire-writer", daemon=True)
         self._writer_started = False
         self._closed = False
         self._fleet_lock = threading.Lock()
         self._warned: set[str] = set()
+        self.unwritten: list[Outcome] = []
+        """Outcomes whose urgent writes failed (the store is down): retried every tick; while
+        there are any, export requests get 503 (the exporters retry them)."""
+        self.pending_kills: list[dict[str, Any]] = []
+        """Kill flags the channel refused (Redis down): raised again every tick."""
+        self._applying: dict[int, float] = {}
+        self._apply_ids = itertools.count()
+        self.watermark = 0.0
+        """Every span accepted before this time is judged and its writes are in the store."""
+        self._write_backlog = False
+        self.spool: Spool | None = None
+        if config.spool_dir is not None:
+            try:
+                self.spool = Spool(config.spool_dir, max_bytes=config.spool_max_bytes)
+            except SpoolBusy as exc:
+                raise ConfigError("--spool", config.spool_dir, "a spool directory no other receiver uses",
+                                  message=str(exc)) from None
+            except OSError as exc:
+                raise ConfigError("--spool", config.spool_dir, "a writable directory",
+                                  message=f"--spool {config.spool_dir}: {exc.strerror or exc}") from None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Replay what a crashed receiver left in the spool, then start the writer."""
+        if self.spool is not None and not self._writer_started:
+            self._replay()
         if not self._writer_started:
             self._writer_started = True
             self._writer.start()
+
+    def _replay(self) -> None:
+        assert self.spool is not None
+        requests = spans = 0
+        started = time.perf_counter()
+        for entry in self.spool.pending():
+            try:
+                data = decompress(entry.body, entry.encoding, max_bytes=self.config.max_body_bytes)
+                decoded = decode_request(data, entry.kind)
+            except InputError as exc:  # it was accepted once, so this is a damaged segment
+                self._log_once("replay:" + type(exc).__name__, "spooled request unreadable, skipped: %s", exc)
+                continue
+            requests += 1
+            spans += len(decoded.views)
+            out = self.process(decoded.views, self.clock(), flush=True)
+            try:
+                self._apply_urgent(out)
+            except Exception as exc:  # the store is down: kept in self.unwritten, retried
+                self._log_once("urgent:" + type(exc).__name__, "run store unavailable: %r", exc)
+        if requests:
+            logger.warning(
+                "replayed %d spooled requests (%d spans) that a previous receiver accepted "
+                "before it stopped without writing them (%.2f s)",
+                requests, spans, time.perf_counter() - started,
+            )
+        # Deleted once the watermark passes now: everything replayed is then in the store.
+        self.spool.adopt_pending(self.clock())
 
     def close(self) -> None:
         """Judge what is buffered, write everything, stop the writer (idempotent)."""
         if self._closed:
             return
         self._closed = True
+        with contextlib.suppress(Exception):
+            self._retry_unwritten()
         with self._fleet_lock:
             out = self.fleet.drain(self.clock())
-        self._apply_urgent(out)
-        if out.routine:
-            self.store.write(out.routine)
+        try:
+            self._apply_urgent(out)
+        except Exception as exc:
+            self._log_once("urgent:" + type(exc).__name__, "run store unavailable at shutdown: %r", exc)
         if self._writer_started:
+            self._routine.put(self.clock())
             self._routine.put(None)
             self._writer.join(timeout=10)
+        elif out.routine:
+            with contextlib.suppress(Exception):
+                self.store.write(out.routine)
+        if self.spool is not None:
+            # Everything accepted is in the store only when nothing failed: then the spool is
+            # emptied; else it stays for the next start to replay.
+            clean = not self.unwritten and not self._writer.is_alive() and not self._write_backlog
+            self.spool.close(empty=clean)
 
     def _write_loop(self) -> None:
-        while True:
-            item = self._routine.get()
-            if item is None:
-                return
-            merged = item
+        carry: Batch | None = None
+        mark: float | None = None
+        stop = False
+        while not stop:
             try:
-                while True:
-                    more = self._routine.get_nowait()
-                    if more is None:
-                        self._write_routine(merged)
-                        return
-                    merged.runs.extend(more.runs)
-                    merged.calls.extend(more.calls)
+                item = self._routine.get(timeout=0.5 if carry is not None else None)
             except queue.Empty:
-                pass
-            self._write_routine(merged)
+                item = 0.0  # nothing new: retry the carried batch
+            items = [item]
+            with contextlib.suppress(queue.Empty):
+                while len(items) < 10_000:
+                    items.append(self._routine.get_nowait())
+            for it in items:
+                if it is None:
+                    stop = True
+                elif isinstance(it, float):
+                    if it:
+                        mark = it if mark is None else max(mark, it)
+                elif carry is None:
+                    carry = it
+                else:
+                    carry.runs.extend(it.runs)
+                    carry.calls.extend(it.calls)
+            if carry is not None:
+                if self._write_routine(carry):
+                    carry = None
+                elif stop:
+                    self._write_backlog = True
+                    return  # shutting down with the store down: the spool keeps the requests
+            self._write_backlog = carry is not None
+            if carry is None and mark is not None:
+                self.watermark = max(self.watermark, mark)
+                mark = None
 
-    def _write_routine(self, batch: Batch) -> None:
-        # Keep the newest row of each run only (rows are cumulative).
+    def _write_routine(self, batch: Batch) -> bool:
+        # Keep the newest row of each run only (rows are cumulative), and a bounded timeline.
         latest = {row.trace_id: row for row in batch.runs}
         batch.runs = list(latest.values())
+        if len(batch.calls) > 200_000:
+            self._log_once("calls-dropped", "the store is far behind: the oldest timeline rows "
+                           "of the unwritten backlog are dropped (counters and verdicts are kept)")
+            del batch.calls[: len(batch.calls) - 200_000]
         try:
             self.store.write(batch)
         except Exception as exc:
-            # The writer's boundary: a store outage must not kill the thread. The counters are
-            # cumulative, so the next write carries them again; timeline rows of this batch
-            # are lost (logged once per kind of failure).
-            self._log_once("routine:" + type(exc).__name__, "run store write failed: %r", exc)
+            # The writer's boundary: a store outage must not kill the thread. The batch is kept
+            # and retried (merged with what comes next) until the store answers again.
+            self._log_once("routine:" + type(exc).__name__, "run store write failed (kept, retried): %r", exc)
+            return False
+        return True
 
     # -- processing -----------------------------------------------------------------------------
 
@@ -213,8 +306,20 @@ class Service:
             out = self.fleet.process(views, now, flush=flush)
         return out
 
+    def begin_apply(self, now: float) -> int:
+        """Say that an outcome of ``now`` is being written (the watermark stays below it)."""
+        token = next(self._apply_ids)
+        self._applying[token] = now
+        return token
+
+    def end_apply(self, token: int) -> None:
+        self._applying.pop(token, None)
+
     def _apply_urgent(self, out: Outcome) -> None:
-        """Write what must not be lost, raise kill flags; then hand routine writes behind."""
+        """Write what must not be lost, raise kill flags; then hand routine writes behind.
+
+        When the store refuses the urgent writes, the outcome is kept (``self.unwritten``) and
+        retried by every tick, and the exception propagates (the request gets 503)."""
         now = self.clock()
         m = self.metrics
         for t in out.transitions:
@@ -224,28 +329,70 @@ class Service:
             m.runs.labels(stop_reason=row.stop_reason or (row.receipt or {}).get("reason") or "none").inc()
             out.urgent.alerts.extend(self.alerts.for_end(row.trace_id, row.agent, now))
         m.tool_calls.inc(out.judged_calls)
+        try:
+            self._commit(out)
+        except Exception:
+            if len(self.unwritten) < 100_000:
+                self.unwritten.append(out)
+            raise
+
+    def _commit(self, out: Outcome) -> None:
+        """Write ``out``; what is done is taken out of it, so a retry never writes it twice."""
         if out.urgent:
             self.store.write(out.urgent)
+            out.urgent = Batch()
         if out.kills:
+            now = self.clock()
             payloads = [
                 flag_payload(k.trace_id, k.assessment or k.stop, at=now, message=k.message)
                 for k in out.kills
             ]
+            first = [k for k in out.kills if not k.again]
+            self.store.mark_killed([k.trace_id for k in first])
             try:
                 self.kill.raise_flags(payloads, self.config.flag_ttl_s)
             except Exception as exc:
-                # Degrade: the run rows still say stuck; agents polling see nothing. Logged once.
-                self._log_once("kill:" + type(exc).__name__, "raising kill flags failed: %r", exc)
+                # Degrade: the run rows say stuck already; the flags are raised again every
+                # tick until the channel answers (agents see them late, not never). Logged once.
+                self._log_once("kill:" + type(exc).__name__, "raising kill flags failed (retried every tick): %r", exc)
+                self.pending_kills.extend(payloads)
+                del self.pending_kills[: max(0, len(self.pending_kills) - 100_000)]
             else:
-                first = [k for k in out.kills if not k.again]
                 for k in first:
-                    m.kills.labels(reason=k.reason.value).inc()
-                self.store.mark_killed([k.trace_id for k in first])
+                    self.metrics.kills.labels(reason=k.reason.value).inc()
+        out.kills = []
         if out.routine:
             if self._writer_started:
                 self._routine.put(out.routine)
             else:
                 self.store.write(out.routine)
+            out.routine = Batch()
+
+    def _retry_unwritten(self) -> None:
+        while self.unwritten:
+            out = self.unwritten[0]
+            self._commit(out)  # raises while the store is still down
+            self.unwritten.pop(0)
+
+    def _retry_kills(self) -> None:
+        if not self.pending_kills:
+            return
+        payloads = self.pending_kills
+        self.kill.raise_flags(payloads, self.config.flag_ttl_s)
+        del self.pending_kills[: len(payloads)]
+        logger.warning("raised %d kill flags the channel had refused", len(payloads))
+
+    def saturated(self) -> str | None:
+        """Why a new export request must wait (503 with Retry-After), or ``None``."""
+        if self.unwritten:
+            return "the run store is unavailable; retry later"
+        if self.inflight >= self.config.max_inflight or self.fleet.buffered >= self.config.max_buffered_spans:
+            return "the receiver is saturated; retry later"
+        if self._routine.qsize() >= self.config.max_pending_writes:
+            return "the run store is behind; retry later"
+        if self.spool is not None and self.spool.full:
+            return "the write-ahead spool is full (the run store is behind); retry later"
+        return None
 
     def _log_once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._warned and len(self._warned) < 256:
@@ -255,10 +402,27 @@ class Service:
     # -- background ----------------------------------------------------------------------------
 
     async def tick(self) -> None:
-        """Release due spans, end idle traces, write; called every ``flush_s``."""
-        out = self.process((), self.clock())
+        """Release due spans, end idle traces, write; called every ``flush_s``.
+
+        Also: retry the writes and kill flags an outage refused, move the watermark (what is
+        judged and written) and truncate the spool behind it."""
+        if self.unwritten:
+            await asyncio.to_thread(self._retry_unwritten)
+            logger.warning("the run store answers again: the writes it refused are done")
+        if self.pending_kills:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._retry_kills)
+        now = self.clock()
+        # Spans accepted before `now - reorder_s` are released by this tick; outcomes being
+        # written by requests keep the watermark below their time.
+        mark = min([now, *self._applying.values()]) - self.config.reorder_s - 0.001
+        out = self.process((), now)
         if out.urgent or out.kills or out.routine or out.transitions:
             await asyncio.to_thread(self._apply_urgent, out)
+        if self._writer_started:
+            self._routine.put(mark)
+        if self.spool is not None:
+            self.spool.release(self.watermark)
         self.metrics.active_traces.set(len(self.fleet))
         self.metrics.queue_depth.set(self.inflight + self.fleet.buffered)
 
@@ -345,8 +509,10 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
             body, media = _status_body(_JSON, 3, f"unsupported Content-Type {kind or '(none)'}: send application/x-protobuf or application/json")
             svc.metrics.requests.labels(code="415").inc()
             return Response(body, status_code=415, media_type=media)
-        if svc.inflight >= config.max_inflight or svc.fleet.buffered >= config.max_buffered_spans:
-            body, media = _status_body(reply_kind, 14, "the receiver is saturated; retry later")
+        why = svc.saturated()
+        if why is not None:
+            await _discard_body(request, config.max_body_bytes)
+            body, media = _status_body(reply_kind, 14, why)
             svc.metrics.requests.labels(code="503").inc()
             return Response(body, status_code=503, media_type=media, headers={"Retry-After": "1"})
         length = request.headers.get("content-length")
@@ -380,9 +546,15 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
                 svc.metrics.spans_rejected.labels(why="malformed_request").inc()
                 return Response(body, status_code=400, media_type=media)
             now = svc.clock()
-            out = svc.process(decoded.views, now)
+            token = svc.begin_apply(now)
             try:
+                out = svc.process(decoded.views, now)
                 await asyncio.to_thread(svc._apply_urgent, out)
+                if svc.spool is not None:
+                    try:
+                        svc.spool.append(now, kind, request.headers.get("content-encoding"), bytes(raw))
+                    except OSError as exc:  # degrade: acknowledged without write-ahead
+                        svc._log_once("spool:" + type(exc).__name__, "write-ahead spool append failed (requests are acknowledged without it): %r", exc)
             except Exception as exc:
                 # The store is down: these spans were judged but their transitions could not be
                 # written. Tell the exporter to retry (it will resend the batch; duplicates of
@@ -391,6 +563,8 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
                 body, media = _status_body(reply_kind, 14, "the run store is unavailable; retry later")
                 svc.metrics.requests.labels(code="503").inc()
                 return Response(body, status_code=503, media_type=media, headers={"Retry-After": "2"})
+            finally:
+                svc.end_apply(token)
             svc.metrics.spans_received.inc(len(decoded.views))
             if decoded.rejected:
                 svc.metrics.spans_rejected.labels(why="unreadable_span").inc(decoded.rejected)
@@ -572,6 +746,17 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.service = svc
     return app
+
+
+async def _discard_body(request: Request, limit: int) -> None:
+    """Read a refused request's body to its end, so that the connection stays usable (closing
+    it with unread data resets it, which exporters see as a failure, not a retry hint)."""
+    seen = 0
+    with contextlib.suppress(Exception):
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > limit:
+                return
 
 
 def _slots(value: Any) -> dict[str, Any]:
