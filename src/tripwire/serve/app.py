@@ -18,11 +18,12 @@ service runs with ``--no-auth``):
 
 Processing: a request is decoded and judged on the event loop (pure CPU, no I/O), then what
 must not be lost (verdict transitions, budget stops, alerts, receipts of ended runs) is written
-to the store and the kill flags are raised *before* the 200 goes out; counters and the calls'
-timeline are written behind by one writer thread within ``flush_s``. What a SIGKILL can lose is
-therefore bounded: the spans still in the reorder buffer (``reorder_s``), the unwritten counters
-of the last ``flush_s``, and the in-memory state of runs still going (their next spans start
-them afresh) — docs/serve.md has the measured figures.
+to the store and the kill flags are raised, then the request is appended to the write-ahead
+spool (:mod:`tripwire.serve.spool`), all *before* the 200 goes out; counters and the calls'
+timeline are written behind by one writer thread within ``flush_s``. A SIGKILL therefore loses
+nothing acknowledged: the next start replays the spool. Writes the store refuses are kept and
+retried (export requests get 503 meanwhile); kill flags the channel refuses are raised again
+every tick. docs/serve.md, "What a crash can lose", has the measured figures.
 """
 
 from __future__ import annotations
