@@ -48,25 +48,29 @@ def test_otlp_json_file(tmp_path: Path) -> None:
 def test_attribute_value_kinds(tmp_path: Path) -> None:
     span = tool_span(1, 2, "t", None, at=1)
     span["attributes"] += [
-        {"key": "i", "value": {"intValue": "42"}},
-        {"key": "i2", "value": {"intValue": 7}},
-        {"key": "d", "value": {"doubleValue": 1.5}},
-        {"key": "nan", "value": {"doubleValue": "NaN"}},
-        {"key": "b", "value": {"boolValue": False}},
-        {"key": "arr", "value": {"arrayValue": {"values": [{"stringValue": "x"}, {"intValue": "1"}]}}},
-        {"key": "kv", "value": {"kvlistValue": {"values": [s("k", "v")]}}},
-        {"key": "bytes", "value": {"bytesValue": base64.b64encode(b"\x00\x01").decode()}},
-        {"key": "empty", "value": {}},
+        {"key": "gen_ai.i", "value": {"intValue": "42"}},
+        {"key": "gen_ai.i2", "value": {"intValue": 7}},
+        {"key": "gen_ai.d", "value": {"doubleValue": 1.5}},
+        {"key": "gen_ai.nan", "value": {"doubleValue": "NaN"}},
+        {"key": "gen_ai.b", "value": {"boolValue": False}},
+        {"key": "gen_ai.arr", "value": {"arrayValue": {"values": [{"stringValue": "x"}, {"intValue": "1"}]}}},
+        {"key": "gen_ai.kv", "value": {"kvlistValue": {"values": [s("k", "v")]}}},
+        {"key": "gen_ai.bytes", "value": {"bytesValue": base64.b64encode(b"\x00\x01").decode()}},
+        {"key": "gen_ai.empty", "value": {}},
+        {"key": "http.method", "value": {"stringValue": "GET"}},
+        {"key": "metadata", "value": {"stringValue": "{}"}},
     ]
     spans, problems = _read(_write(tmp_path / "a.json", dumps(request([span]))))
     assert problems == []
     a = spans[0].attributes
-    assert a["i"] == 42 and a["i2"] == 7 and a["d"] == 1.5 and a["b"] is False
-    assert a["nan"] != a["nan"]  # NaN
-    assert a["arr"] == ("x", 1)
-    assert a["kv"] == {"k": "v"}
-    assert a["bytes"] == b"\x00\x01"
-    assert a["empty"] is None
+    assert a["gen_ai.i"] == 42 and a["gen_ai.i2"] == 7 and a["gen_ai.d"] == 1.5 and a["gen_ai.b"] is False
+    assert a["gen_ai.nan"] != a["gen_ai.nan"]  # NaN
+    assert a["gen_ai.arr"] == ("x", 1)
+    assert a["gen_ai.kv"] == {"k": "v"}
+    assert a["gen_ai.bytes"] == b"\x00\x01"
+    assert a["gen_ai.empty"] is None
+    # Only what the mapping reads is kept (its prefixes, and the few keys without one).
+    assert "http.method" not in a and a["metadata"] == "{}"
 
 
 def test_status_error_and_exception_type(tmp_path: Path) -> None:
@@ -113,7 +117,8 @@ def test_protobuf_file_and_its_json_mapping(tmp_path: Path) -> None:
     sp.end_time_unix_nano = 3_000_000_000
     sp.status.code = 2
     sp.attributes.append(KeyValue(key="gen_ai.tool.name", value=AnyValue(string_value="fetch")))
-    sp.attributes.append(KeyValue(key="n", value=AnyValue(int_value=3)))
+    sp.attributes.append(KeyValue(key="gen_ai.n", value=AnyValue(int_value=3)))
+    sp.attributes.append(KeyValue(key="http.status_code", value=AnyValue(int_value=200)))
     pb = _write(tmp_path / "a.pb", req.SerializeToString())
     as_json = _write(tmp_path / "b.json", MessageToJson(req))  # base64 ids, intValue as string
 
@@ -126,7 +131,7 @@ def test_protobuf_file_and_its_json_mapping(tmp_path: Path) -> None:
         assert view.parent_span_id == span_id(1)
         assert view.start_s == 2.0 and view.end_s == 3.0
         assert view.status_error
-        assert view.attributes == {"gen_ai.tool.name": "fetch", "n": 3}
+        assert view.attributes == {"gen_ai.tool.name": "fetch", "gen_ai.n": 3}
         assert view.resource_attributes == {"service.name": "svc"}
         assert view.scope_name == "pb"
 
@@ -311,7 +316,7 @@ def test_an_attribute_400_array_levels_deep_is_a_bad_file_not_a_crash(tmp_path: 
 
 def test_an_attribute_40_levels_deep_is_cut_and_the_span_kept(tmp_path: Path) -> None:
     bad = tool_span(1, 500, "search_docs", None, at=9)
-    bad["attributes"].append({"key": "deep", "value": _deep_array(40)})
+    bad["attributes"].append({"key": "gen_ai.deep", "value": _deep_array(40)})
     spans, problems = _read(_write(tmp_path / "a.json", _one_bad_span(bad)))
     assert len(spans) == 5
     assert "nested deeper than" in problems[0].detail

@@ -31,6 +31,7 @@ from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, Signature
 from tripwire.engine import Engine, ToolSpan, VerdictChanged
 from tripwire.replay.reader import DEFAULT_MAX_FILE_BYTES, FileBatch, Problem, read_batches
 from tripwire.spans import MAPPING_VERSION, MappingStats, RunBoundary, SpanView, map_span
+from tripwire.spans.otlp import DecodedSpan
 
 __all__ = [
     "FirstTrip",
@@ -287,12 +288,12 @@ def load_traces(
     items: Iterable[Any] = [source] if isinstance(source, (str, os.PathLike)) else source
     pending: list[str | os.PathLike[str]] = []
     for item in items:
-        if isinstance(item, SpanView):
+        if isinstance(item, (SpanView, DecodedSpan)):
             if pending:
                 for batch in read_batches(pending, on_file=on_file, max_file_bytes=max_file_bytes):
                     collector.add_batch(batch)
                 pending = []
-            collector.add(item, _VIEWS_SOURCE)
+            collector.add(item, _VIEWS_SOURCE)  # type: ignore[arg-type]  # a DecodedSpan reads as one
         else:
             pending.append(item)
     for batch in read_batches(pending, on_file=on_file, max_file_bytes=max_file_bytes):
