@@ -1,8 +1,9 @@
-"""Builds the optional compiled leaf helpers of the signature, ``src/tripwire/core/_speedups.c``.
+"""Builds the optional compiled leaf helpers: the signature's, ``src/tripwire/core/_speedups.c``,
+and the OTLP wire scanner, ``src/tripwire/spans/_otlpscan.c``.
 
-Everything else about the package is in pyproject.toml. Without a C compiler, or if the build
-fails, tripwire installs anyway and runs their pure-Python twins in
-``tripwire/core/signature.py``: the same signatures and verdicts, slower per call. Set
+Everything else about the package is in pyproject.toml. Without a C compiler, or if a build
+fails, tripwire installs anyway and runs their pure-Python twins (``tripwire/core/signature.py``,
+``tripwire/spans/_wire.py``): the same signatures, spans and verdicts, slower per call. Set
 ``TRIPWIRE_NO_EXTENSIONS=1`` to skip the build (and, at run time, to ignore a built one).
 """
 
@@ -15,7 +16,10 @@ SKIP = os.environ.get("TRIPWIRE_NO_EXTENSIONS", "").strip() not in ("", "0")
 try:  # setuptools >= 70.1 ships bdist_wheel; older ones use the wheel package's
     from setuptools.command.bdist_wheel import bdist_wheel
 except ImportError:  # pragma: no cover
-    from wheel.bdist_wheel import bdist_wheel
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:  # no wheel package: ``setup.py build_ext`` still works
+        from setuptools import Command as bdist_wheel
 
 
 class PureUnlessBuilt(bdist_wheel):
@@ -39,6 +43,9 @@ class PureUnlessBuilt(bdist_wheel):
 setup(
     ext_modules=[]
     if SKIP
-    else [Extension("tripwire.core._speedups", ["src/tripwire/core/_speedups.c"], optional=True)],
+    else [
+        Extension("tripwire.core._speedups", ["src/tripwire/core/_speedups.c"], optional=True),
+        Extension("tripwire.spans._otlpscan", ["src/tripwire/spans/_otlpscan.c"], optional=True),
+    ],
     cmdclass={"bdist_wheel": PureUnlessBuilt},
 )
