@@ -122,10 +122,14 @@ class Conn:
         self.port = port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.used = 0.0
 
     async def post(self, payload: bytes, timeout: float = 10.0) -> tuple[int, dict[str, str]]:
+        if self.writer is not None and time.monotonic() - self.used > 4.0:
+            self.close()  # uvicorn closes keep-alive connections idle for 5 s: do not race it
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.used = time.monotonic()
         assert self.reader is not None
         head = (
             f"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
@@ -146,6 +150,7 @@ class Conn:
                 k, _, v = line.decode("latin-1").partition(":")
                 headers[k.strip().lower()] = v.strip()
             await asyncio.wait_for(self.reader.readexactly(int(headers.get("content-length", "0"))), timeout)
+            self.used = time.monotonic()
             if headers.get("connection", "").lower() == "close":
                 self.close()
             return int(status_line.split()[1]), headers

@@ -1028,7 +1028,7 @@ SERVE_SETTINGS: Final[Mapping[str, ServeSetting]] = MappingProxyType({s.name: s 
                  maximum=10_000, help="how long a span waits for the earlier spans of its trace"),
     ServeSetting(name="max_body_mb", option="--max-body-mb", kind="int", default=16, minimum=1,
                  maximum=1024, help="the largest request body, before and after gzip (413 above)"),
-    ServeSetting(name="max_inflight", option="--max-inflight", kind="int", default=16,
+    ServeSetting(name="max_inflight", option="--max-inflight", kind="int", default=4,
                  minimum=1, maximum=4096,
                  help="export requests processed at once; more get 503 with Retry-After"),
     ServeSetting(name="max_buffered_spans", option="--max-buffered-spans", kind="int",

@@ -86,8 +86,10 @@ class ServeConfig:
     normalizer: Normalizer = DEFAULT_NORMALIZER
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body accepted, before and after decompression (413 above)."""
-    max_inflight: int = 16
-    """Requests processed at once; more get 503 with Retry-After."""
+    max_inflight: int = 4
+    """Requests processed at once; more get 503 with Retry-After. Decoding and judging run on
+    the event loop one request at a time, so more in flight only adds latency (the overload
+    bench: with 16, answers took so long that 128 client connections were all waiting)."""
     max_buffered_spans: int = 200_000
     """Spans waiting in the reorder buffer at most; more get 503 with Retry-After."""
     reorder_s: float = 0.2

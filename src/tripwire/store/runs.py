@@ -400,7 +400,20 @@ class RunStore:
             )
             conn.execute(stmt, [_run_values(row) for row in batch.runs])
         if batch.verdicts:
-            conn.execute(verdicts.insert(), [_as_dict(v) for v in batch.verdicts])
+            # A transition written again (an exporter retried a request whose run had ended,
+            # or the spool was replayed after a crash) is the same row: keep the first.
+            key = (verdicts.c.trace_id, verdicts.c.call_index, verdicts.c.verdict, verdicts.c.rule,
+                   verdicts.c.stop_reason)
+            ids = sorted({v.trace_id for v in batch.verdicts})
+            written = {tuple(r) for r in conn.execute(sa.select(*key).where(verdicts.c.trace_id.in_(ids)))}
+            fresh = []
+            for v in batch.verdicts:
+                k = (v.trace_id, v.call_index, v.verdict, v.rule, v.stop_reason)
+                if k not in written:
+                    written.add(k)
+                    fresh.append(_as_dict(v))
+            if fresh:
+                conn.execute(verdicts.insert(), fresh)
         if batch.calls:
             stmt = insert(calls)
             stmt = stmt.on_conflict_do_update(
