@@ -136,3 +136,58 @@ def test_only_the_first_entry_of_a_group_counts() -> None:
     # so the repetition rule alone is recorded.
     current = run(LoopPolicy(), [ToolCall(tool=t, arguments={"n": t}) for t in "ABABABA"])
     assert (current.rule, current.limit, current.hits) == (Rule.REPETITION, "threshold", 4)
+
+
+# -- a check run between changes (p3) ----------------------------------------------------------
+
+
+def _check_run(between: list[tuple[str, str, str | None]], check_result: str = "FAILED test_x: 3 != 4") -> list[ToolCall]:
+    """``pytest`` four times, each time after the calls ``between[i]`` (tool, argument, error)."""
+    calls: list[ToolCall] = []
+    digest = DEFAULT_NORMALIZER.result_digest(check_result)
+    for i in range(4):
+        if i:
+            tool, arg, error = between[i - 1]
+            calls.append(
+                ToolCall(
+                    tool=tool,
+                    arguments={"a": arg},
+                    result_digest=DEFAULT_NORMALIZER.result_digest(f"done {arg}"),
+                    error_type=error,
+                )
+            )
+        calls.append(ToolCall(tool="pytest", arguments={"k": "x"}, result_digest=digest))
+    return calls
+
+
+def test_a_check_rerun_after_a_different_edit_each_time_is_working() -> None:
+    got = run(DEFAULT_POLICY, _check_run([("edit", "one", None), ("edit", "two", None), ("edit", "three", None)]))
+    assert got.verdict is Verdict.WORKING
+    assert got.rule is Rule.REPETITION and "check between changes" in got.reason
+
+
+def test_a_check_rerun_back_to_back_or_after_the_same_edit_is_stuck() -> None:
+    back_to_back = [
+        ToolCall(tool="pytest", arguments={"k": "x"}, result_digest=DEFAULT_NORMALIZER.result_digest("FAILED"))
+        for _ in range(4)
+    ]
+    assert run(DEFAULT_POLICY, back_to_back).verdict is Verdict.STUCK
+    # the same edit twice in the window is not new: the gap it fills has no call made once
+    same_edit = _check_run([("edit", "one", None), ("edit", "one", None), ("edit", "two", None)])
+    assert run(DEFAULT_POLICY, same_edit).verdict is Verdict.STUCK
+
+
+def test_a_check_after_failed_changes_or_one_that_found_nothing_is_stuck() -> None:
+    failed_edits = _check_run([("edit", "one", "edit_rejected"), ("edit", "two", None), ("edit", "three", None)])
+    assert run(DEFAULT_POLICY.evolve(same_error=None, failure_share=None), failed_edits).verdict is Verdict.STUCK
+    missing = _check_run(
+        [("edit", "one", None), ("edit", "two", None), ("edit", "three", None)],
+        check_result="/bin/bash: line 3: javac: command not found",
+    )
+    assert DEFAULT_NORMALIZER.result_digest("/bin/bash: line 3: javac: command not found") == EMPTY_RESULT
+    assert run(DEFAULT_POLICY, missing).verdict is Verdict.STUCK
+
+
+def test_the_seed_rule_keeps_no_evidence_for_checks() -> None:
+    checks = _check_run([("edit", "one", None), ("edit", "two", None), ("edit", "three", None)])
+    assert run(SEED_POLICY, checks).verdict is Verdict.STUCK

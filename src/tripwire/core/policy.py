@@ -28,10 +28,11 @@ __all__ = [
     "RetryPolicy",
 ]
 
-POLICY_SCHEME: Final = "p2"
+POLICY_SCHEME: Final = "p3"
 """Bump when what a rule computes changes in a way the fields do not show (p2: same_result counts
 only results that found nothing; in-order replays of a stretch count as revisits late; declared
-polls)."""
+polls. p3: a call repeated as a check between changes, each time after a call made once in the
+window, is working under the repetition rule)."""
 
 
 class KeyMode(str, Enum):

@@ -29,6 +29,10 @@ Results are not evidence for these: they are about failures and results that do 
 For the repetition and period rules a changed result is evidence even when the calls failed
 (decided on recorded runs: see ``docs/policy.md``).
 
+A call repeated with the same result as a check between changes (each repeat after a call made
+once in the window that did not fail: edit, rerun, another edit, rerun) is ``working`` under the
+repetition rule, unless the check found nothing (see :func:`_checks_between_changes`).
+
 A declared poll (:attr:`LoopPolicy.polls`) repeating with the same result is ``waiting``
 until its maximum wait, then ``stuck``; checked right after the lease.
 
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -915,6 +920,17 @@ def _decide(
         and _results_changed(results, slots, entry.rule, period)
     ):
         return verdict(Verdict.WORKING, f"{what}, but the results differ (new evidence)")
+    if (
+        entry.rule is Rule.REPETITION
+        and results is not None
+        and result_evidence
+        and _checks_between_changes(state, slots, window)
+    ):
+        return verdict(
+            Verdict.WORKING,
+            f"{what}, but each repeat came after a call made once in the window "
+            "(a check between changes)",
+        )
     if policy.require_evidence:
         has_evidence = (progress is not None and any(progress[s] is not None for s in slots)) or (
             results is not None and result_evidence and any(results[s] for s in slots)
@@ -933,6 +949,38 @@ def _decide(
         # The calls got the same results: it may be a poll nobody declared.
         return verdict(Verdict.STUCK, f"{what} with no new evidence; {_declare_poll(call.tool)}")
     return verdict(Verdict.STUCK, f"{what} with no new evidence")
+
+
+def _checks_between_changes(state: RunState, slots: list[int], window: int) -> bool:
+    """True when a repeated call is a check run between changes, not a loop: every repeat got a
+    result that says something (not an empty one), and between each two repeats came a call
+    that succeeded and occurs only once in the window (edit, rerun the same test, another edit,
+    rerun). The action sequence does not repeat, only the check does.
+
+    A check that found nothing (no output, "command not found") is not one: editing around a
+    missing compiler is fighting the environment. Whether the check failed does not matter (a
+    test that still fails after a new edit is the agent working on it); failing streaks are the
+    ``same_error`` and ``failures`` rules' job. Decided on the recorded runs (docs/policy.md).
+    """
+    results = state.results
+    if results is None:
+        return False
+    for s in slots:
+        if results[s] == 0 or results[s] == _EMPTY:
+            return False
+    keys = state.keys
+    counts = state.counts
+    marks = state.marks
+    for a, b in pairwise(slots):
+        s = (a + 1) % window
+        while s != b:
+            k = keys[s]
+            if k is not None and counts.get(k) == 1 and not (marks is not None and marks[s] & 1):
+                break
+            s = (s + 1) % window
+        else:
+            return False
+    return True
 
 
 def _declare_poll(tool: str) -> str:
