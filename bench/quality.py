@@ -16,7 +16,9 @@ never shipped) with ``tripwire replay``'s engine and prints:
    "Chosen" is a fixed procedure: starting from the shipped defaults, one pass over each rule's
    knob in a fixed order keeps the value that catches the most runaway sessions with at most 1%
    of healthy sessions flagged on the training part (ties: fewer healthy flagged, then the
-   earlier first flag, then the value listed first, which is the default's).
+   earlier first flag, then the value listed first, which is the default's). Only values that
+   keep issue 15's table of cases right are candidates (``tests/evidence_cases.py``): a setting
+   tripwire cannot ship is not one the estimate may rest on.
 
    The learned step line (split-conformal, ``tripwire.replay.calibrate.learn_step_line``, α=5%)
    is learned per source from the healthy sessions of the training fold and applied to the other
@@ -47,7 +49,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from tripwire.core.policy import LoopPolicy
+from tripwire.core.events import ToolCall
+from tripwire.core.policy import LoopPolicy, Poll
+from tripwire.core.signature import DEFAULT_NORMALIZER
+from tripwire.detector import LoopWatcher
 from tripwire.errors import ConfigError
 from tripwire.replay.calibrate import learn_step_line
 from tripwire.replay.engine import TraceCalls, load_traces, replay_trace
@@ -184,11 +189,50 @@ def _objective(f: Figure) -> tuple[float, ...]:
     return (ok, f.caught if ok else -f.alarms, -f.alarms, -(f.median_first if f.median_first is not None else 1.0))
 
 
-START = dict(threshold=4, window=10, max_period=3, same_error=None, same_result=None, revisit=None, revisit_share=None, failure_share=None)
+START = dict(threshold=4, window=10, max_period=3, same_error=None, revisit=None, revisit_share=None, failure_share=None)
+"""Where the tuning starts: the first design's rules, plus the shipped ``same_result`` (issue 15's
+table needs a rule for "8 different searches, all with an empty result")."""
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from evidence_cases import cases as _table_cases  # noqa: E402  (issue 15's table, as data)
+from evidence_cases import table_holds  # noqa: E402
+
+TABLE = _table_cases()
+_ADMISSIBLE: dict[str, bool] = {}
+
+
+def keeps_the_table(policy: LoopPolicy) -> bool:
+    """True when ``policy`` judges every case of issue 15's table as the table says (a setting
+    that breaks it, such as a threshold that is not "stuck at the 4th call", is never chosen)."""
+    got = _ADMISSIBLE.get(policy.version)
+    if got is None:
+        got = True
+        for case in TABLE:
+            polls = {t: Poll(interval_s=i, max_wait_s=w) for t, (i, w) in case.polls.items()}
+            watcher = LoopWatcher(policy.evolve(polls=polls) if polls else policy)
+            verdicts = []
+            for step in case.steps:
+                watcher.observe(
+                    ToolCall(
+                        tool=step.tool,
+                        arguments=step.args,
+                        start_s=step.at,
+                        end_s=step.at + 0.1,
+                        result_digest=DEFAULT_NORMALIZER.result_digest(step.result),
+                    )
+                )
+                verdicts.append(watcher.verdict.value)
+            if not table_holds(verdicts, case):
+                got = False
+                break
+        _ADMISSIBLE[policy.version] = got
+    return got
 
 
 def choose(replay: Replayer, base: LoopPolicy, train: Sequence[int]) -> LoopPolicy:
-    """The training part's settings: one pass over each knob (see the module docstring)."""
+    """The training part's settings: one pass over each knob (see the module docstring); only
+    settings that keep issue 15's table right are candidates (:func:`keeps_the_table`)."""
     names = {f.name for f in fields(LoopPolicy) if f.init}
     current = base.evolve(**{k: v for k, v in START.items() if k in names})
     for axis, values in AXES.items():
@@ -203,6 +247,8 @@ def choose(replay: Replayer, base: LoopPolicy, train: Sequence[int]) -> LoopPoli
                 policy = current.evolve(**{axis: value})
             except ConfigError:
                 continue  # e.g. a threshold above the window
+            if not keeps_the_table(policy):
+                continue
             got = figure(replay.rows, replay(policy), train)
             if not _objective(got)[0] or got.caught <= here.caught:
                 continue  # move only for more catches

@@ -3,7 +3,8 @@
 
 A case is a list of tool calls (tool, arguments, the result text, the time in seconds) and what
 the defaults must say: the first call at which the run is ``stuck`` (``None``: never) and, for
-the declared poll, the calls that are ``waiting``. Nothing here uses tripwire's digest or rules:
+the declared poll, the calls that are ``waiting``. ``bench/quality.py`` reads them too: a
+setting its cross-validation may choose must keep the table right (:func:`table_holds`). Nothing here uses tripwire's digest or rules:
 the results are the texts a tool would return.
 """
 
@@ -39,6 +40,10 @@ class Case:
     """Declared polls: tool -> (interval_s, max_wait_s)."""
     reason_has: tuple[str, ...] = ()
     """Phrases the verdict's reason must hold at ``stuck_at``."""
+    table_call: bool = False
+    """The issue's table names the call itself ("stuck at the 4th call"): ``stuck_at`` holds for
+    any setting that keeps the table right, not only for the defaults (``bench/quality.py``
+    tunes only among such settings)."""
 
 
 def _steps(rows: list[tuple[str, dict[str, Any], str]], gap: float = 1.0) -> tuple[Step, ...]:
@@ -100,6 +105,7 @@ def cases() -> list[Case]:
             "search_docs(refund policy) again and again, the same empty result",
             _steps([("search_docs", {"query": "refund policy"}, "No results for 'refund policy'.") for _ in range(6)]),
             4,
+            table_call=True,
         ),
         Case(
             "a timestamp changing in every result of an identical call",
@@ -173,3 +179,18 @@ def cases() -> list[Case]:
         ),
     ]
     return out
+
+
+def table_holds(verdicts: list[str], case: Case) -> bool:
+    """True when a run's verdicts (one per call, ``Verdict`` values) say what the issue's table
+    says of ``case``, under any settings: stuck or never stuck, at the call the table names,
+    and a declared poll waiting before it is stuck."""
+    stuck = [i for i, v in enumerate(verdicts, 1) if v == "stuck"]
+    if (case.stuck_at is None) != (not stuck):
+        return False
+    if case.table_call and stuck[0] != case.stuck_at:
+        return False
+    if case.waiting:
+        waiting = [i for i, v in enumerate(verdicts, 1) if v == "waiting"]
+        return bool(waiting) and (not stuck or waiting[0] < stuck[0])
+    return True

@@ -177,3 +177,30 @@ def test_a_poll_is_declared_in_the_policy_file() -> None:
     with pytest.raises(ConfigError) as info:
         parse_policy({"version": 1, "policy": {"polls": {"job_status": {"interval": 1, "max_wait_s": 5}}}})
     assert info.value.field == "policy.polls.job_status.interval"
+
+
+def test_the_table_check_used_by_the_quality_bench_holds_the_defaults_and_has_teeth() -> None:
+    from evidence_cases import table_holds
+
+    def verdicts(policy: LoopPolicy, case: Case) -> list[str]:
+        if case.polls:
+            policy = policy.evolve(polls={t: Poll(interval_s=i, max_wait_s=w) for t, (i, w) in case.polls.items()})
+        watcher = LoopWatcher(policy)
+        out = []
+        for step in case.steps:
+            watcher.observe(
+                ToolCall(
+                    tool=step.tool,
+                    arguments=step.args,
+                    start_s=step.at,
+                    end_s=step.at + 0.1,
+                    result_digest=DEFAULT_NORMALIZER.result_digest(step.result),
+                )
+            )
+            out.append(watcher.verdict.value)
+        return out
+
+    assert all(table_holds(verdicts(LoopPolicy(), case), case) for case in CASES)
+    # "stuck at the 4th call": a threshold of 3 or 5 breaks the table; no same_result rule does too
+    for bad in ({"threshold": 3}, {"threshold": 5}, {"same_result": None}):
+        assert not all(table_holds(verdicts(LoopPolicy(**bad), case), case) for case in CASES), bad
