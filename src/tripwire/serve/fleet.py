@@ -292,11 +292,12 @@ class Fleet:
         if due:
             # Judged in that order (arrival order breaks ties): the reorder itself.
             due.sort(key=lambda item: (item[1], item[2]))
-            records = []
+            records: list[tuple[str, Rec, Signature | None]] = []
+            record = self._record
             for _release, _start, _n, view in due:
-                rec = self._record(view)
-                if rec is not None:
-                    records.append((view.trace_id, rec))
+                made = record(view)
+                if made is not None:
+                    records.append((view.trace_id, *made))
             if records:
                 self._commit(records, now, out)
         self._end_idle(now, out)
@@ -313,26 +314,30 @@ class Fleet:
 
     # -- one span ----------------------------------------------------------------------------
 
-    def _record(self, view: SpanView) -> Rec | None:
+    def _record(self, view: SpanView) -> tuple[Rec, Signature | None] | None:
         """The span as a record of the trace's event log (digests only: no raw arguments
-        unless ``store_raw``), or ``None`` when it means nothing for the run."""
+        unless ``store_raw``) and a tool call's signature, or ``None`` when the span means
+        nothing for the run."""
         event = map_span(view, self.normalizer, self.stats)
         root = view.parent_span_id is None
         if event is None and not root:
             return None
         service = None
-        if view.resource_attributes:
-            name = view.resource_attributes.get("service.name")
-            if isinstance(name, str):
+        resource = view.resource_attributes
+        if resource:
+            name = resource.get("service.name")
+            if type(name) is str:
                 service = name[:200]
+        exception_type = view.exception_type
         rec = Rec(
             root=root,
             start=view.start_s,
             end=view.end_s,
             failed=view.status_error,
-            exception_type=(view.exception_type or None) and view.exception_type[:100],
+            exception_type=exception_type[:100] if exception_type else None,
             service=service,
         )
+        sig: Signature | None = None
         if isinstance(event, ToolCall):
             sig = self.normalizer.signature(event.tool, event.arguments)
             rec.tool = msgspec.structs.replace(event, arguments=None)
@@ -345,14 +350,21 @@ class Fleet:
         elif isinstance(event, RunBoundary):
             rec.agent = event.agent[:200] if event.agent else None
             rec.outer = event.parent_span_id is None
-        return rec
+        return rec, sig
 
-    def _commit(self, records: list[tuple[str, Rec]], now: float, out: Outcome) -> None:
+    def _commit(
+        self, records: list[tuple[str, Rec, Signature | None]], now: float, out: Outcome
+    ) -> None:
         """Apply records in order (the Redis-state fleet first appends them to the shared log)."""
-        for tid, rec in records:
-            self._apply(tid, rec, now, out)
+        apply = self._apply
+        for tid, rec, sig in records:
+            apply(tid, rec, now, out, sig)
 
-    def _apply(self, tid: str, rec: Rec, now: float, out: Outcome) -> None:
+    def _apply(
+        self, tid: str, rec: Rec, now: float, out: Outcome, sig: Signature | None = None
+    ) -> None:
+        """Apply one record; ``sig`` is its tool call's signature when this process made it
+        (else it is rebuilt from the record's key)."""
         if rec.kind == END:
             if tid in self._traces:
                 self._end(tid, now, out, idle=rec.idle, root=rec if not rec.idle else None)
@@ -367,7 +379,7 @@ class Fleet:
             trace.service = rec.service
         _widen(trace, rec)
         if rec.tool is not None:
-            self._tool(trace, tid, rec, now, out)
+            self._tool(trace, tid, rec, now, out, sig)
         elif rec.model is not None:
             self._model(trace, tid, rec.model, now, out)
         elif rec.outer is not None:
@@ -396,10 +408,14 @@ class Fleet:
         """Make room: the least recently active trace's run is recorded as ended (idle)."""
         self._end(tid, now, out, idle=True)
 
-    def _tool(self, trace: _Trace, tid: str, rec: Rec, now: float, out: Outcome) -> None:
+    def _tool(
+        self, trace: _Trace, tid: str, rec: Rec, now: float, out: Outcome, sig: Signature | None
+    ) -> None:
         call = rec.tool
-        assert call is not None and rec.key is not None and rec.args_kind is not None
-        sig = Signature(call.tool, int(rec.key, 16), ArgsKind(rec.args_kind))
+        assert call is not None
+        if sig is None:
+            assert rec.key is not None and rec.args_kind is not None
+            sig = Signature(call.tool, int(rec.key, 16), ArgsKind(rec.args_kind))
         engine = self.engine
         stats = engine.stats
         counted = stats.tool_calls

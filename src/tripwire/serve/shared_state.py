@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import msgspec
 
+from tripwire.core.signature import Signature
 from tripwire.serve.fleet import END, Fleet, Outcome, Rec
 
 __all__ = ["LOG_PREFIX", "MAX_LOG", "RedisFleet"]
@@ -67,19 +68,21 @@ class RedisFleet(Fleet):
         self._ttl = max(int(self.idle_ttl_s * 2), 60)
         self._warned_full = False
 
-    def _commit(self, records: list[tuple[str, Rec]], now: float, out: Outcome) -> None:
-        groups: OrderedDict[str, list[Rec]] = OrderedDict()
-        for tid, rec in records:
-            groups.setdefault(tid, []).append(rec)
+    def _commit(
+        self, records: list[tuple[str, Rec, Signature | None]], now: float, out: Outcome
+    ) -> None:
+        groups: OrderedDict[str, list[tuple[Rec, Signature | None]]] = OrderedDict()
+        for tid, rec, sig in records:
+            groups.setdefault(tid, []).append((rec, sig))
         pipe = self.client.pipeline(transaction=False)
         for tid, recs in groups.items():
             key = LOG_PREFIX + tid
-            pipe.rpush(key, *[_ENCODER.encode(r) for r in recs])
+            pipe.rpush(key, *[_ENCODER.encode(r) for r, _ in recs])
             pipe.expire(key, self._ttl)
         answers = pipe.execute()
         lengths = answers[0::2]
         reads = self.client.pipeline(transaction=False)
-        plan: list[tuple[str, list[Rec], int, bool]] = []
+        plan: list[tuple[str, list[tuple[Rec, Signature | None]], int, bool]] = []
         for (tid, recs), length in zip(groups.items(), lengths, strict=True):
             first_mine = int(length) - len(recs)
             # After a run's end the state is fresh, so a known cursor is always where to go
@@ -99,8 +102,8 @@ class RedisFleet(Fleet):
         for tid, recs, first_mine, fetch in plan:
             if fetch:
                 self._catch_up(tid, [_DECODER.decode(raw) for raw in next(fetched)], now)
-            for rec in recs:
-                self._apply(tid, rec, now, out)
+            for rec, sig in recs:
+                self._apply(tid, rec, now, out, sig)
             self._remember(tid, first_mine + len(recs))
 
     def _catch_up(self, tid: str, recs: list[Rec], now: float) -> None:
