@@ -551,7 +551,15 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
             now = svc.clock()
             token = svc.begin_apply(now)
             try:
-                out = svc.process(decoded.views, now)
+                try:
+                    out = svc.process(decoded.views, now)
+                except Exception as exc:
+                    # --state redis and Redis does not answer: nothing of the request is
+                    # applied; the exporter retries it (logged once).
+                    svc._log_once("state:" + type(exc).__name__, "the shared state is unavailable: %r", exc)
+                    body, media = _status_body(reply_kind, 14, "the shared state (Redis) is unavailable; retry later")
+                    svc.metrics.requests.labels(code="503").inc()
+                    return Response(body, status_code=503, media_type=media, headers={"Retry-After": "2"})
                 await asyncio.to_thread(svc._apply_urgent, out)
                 if svc.spool is not None:
                     try:

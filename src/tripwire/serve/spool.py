@@ -20,6 +20,7 @@ The directory is locked (``flock``) by the receiver that uses it: two receivers 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -171,6 +172,11 @@ class Spool:
                 path.unlink(missing_ok=True)
                 self.bytes -= size
             self._closed = []
+            if not any(self.directory.glob("seg-*.log")):
+                # Nothing left to replay: leave no directory behind (one per port otherwise).
+                (self.directory / "lock").unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    self.directory.rmdir()
         os.close(self._lock_fd)
 
 
