@@ -281,3 +281,14 @@ def test_serve_errors_name_the_field(tmp_path: Path) -> None:
     assert info.value.field == "--pagerduty-key"
     # instrument() and replay ignore [serve]: a bad serve value is tripwire serve's error only.
     assert load_config({"config": path}, env={}).serve["port"] == 70000
+
+
+def test_the_limits_file_calibrate_writes_loads_back(tmp_path: Path) -> None:
+    # tripwire calibrate --write-limits writes limits_file_text: the loader must read it.
+    from tripwire.replay.calibrate import StepLineGroup, learn_step_line, limits_file_text
+
+    line = learn_step_line(list(range(4, 24)), alpha=0.05)
+    path = tmp_path / "tripwire.toml"
+    path.write_text(limits_file_text(StepLineGroup(group="support", line=line)))
+    limits = load_config({"config": path}, env={}).limits
+    assert limits is not None and limits.max_tool_calls == line.max_tool_calls
