@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from tripwire.core import signature as signature_module
 from tripwire.core import watch
-from tripwire.core.signature import DEFAULT_NORMALIZER
+from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
 
 try:
     from tripwire.core import _speedups
@@ -210,14 +210,61 @@ def test_signatures_agree_with_the_python_twin(value: Any, tool: str, as_text: b
             arguments = json.dumps(value)
         except (TypeError, ValueError):
             return
-    compiled = DEFAULT_NORMALIZER.signature(tool, arguments)
+    assert compiled_and_python(tool, arguments)
+
+
+def compiled_and_python(tool: str, arguments: Any) -> bool:
+    """The signature with the compiled leaf equals the one of the Python path (fresh
+    normalizers: no cached text signature answers for either)."""
+    compiled = Normalizer().signature(tool, arguments)
     saved = signature_module._canonical
     signature_module._canonical = None  # type: ignore[misc]
     try:
-        python = DEFAULT_NORMALIZER.signature(tool, arguments)
+        python = Normalizer().signature(tool, arguments)
     finally:
         signature_module._canonical = saved  # type: ignore[misc]
-    assert compiled == python
+    assert compiled == python, (tool, arguments)
+    return True
+
+
+json_numbers = st.one_of(
+    st.integers(min_value=-(2**80), max_value=2**80).map(str),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.sampled_from(
+        ["1.0", "-0.0", "0.0", "1e5", "1E5", "2.5e-3", "1e400", "-1e400", "1e-400", "1e19", "9.3e18",
+         "18446744073709551615", "18446744073709551616", "-9223372036854775808", "-9223372036854775809",
+         "123456789012345678901234567890", "1.5e308", "4.9e-324", "0.1", "100.000"]
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(numbers=st.lists(json_numbers, min_size=1, max_size=6), nested=st.booleans())
+def test_json_numbers_get_the_python_signature(numbers: list[str], nested: bool) -> None:
+    """Argument text is decoded without the float hook ahead of the compiled pass: integral,
+    huge, tiny and out-of-range numbers, and integers wider than 64 bits, sign the same."""
+    items = ", ".join(numbers)
+    text = f'{{"q": [{items}], "n": {{"x": {numbers[0]}}}}}' if nested else f"[{items}]"
+    assert compiled_and_python("search_docs", text)
+    assert compiled_and_python("search_docs", f'{{"v": {numbers[-1]}, "request_id": 1}}')
+
+
+def test_the_signature_of_a_repeated_text_is_remembered_within_bounds() -> None:
+    """A text seen again gets the same signature object; the cache never outgrows its bounds
+    and never holds texts above its size limit."""
+    normalizer = Normalizer()
+    text = '{"q": "refund policy", "limit": 10}'
+    first = normalizer.signature("search_docs", text)
+    assert normalizer.signature("search_docs", "".join(text)) is first  # equal text, new object
+    assert normalizer.signature("other_tool", text) != first  # the tool is part of the key
+    big = '{"q": "' + "x" * signature_module._CACHED_TEXT_MAX + '"}'
+    normalizer.signature("search_docs", big)
+    cache = normalizer._text_signatures
+    assert ("search_docs", big) not in cache
+    for i in range(3 * signature_module._TEXT_CACHE_MAX):
+        normalizer.signature("search_docs", f'{{"q": {i}}}')
+        assert len(cache) <= signature_module._TEXT_CACHE_MAX
+    assert normalizer.signature("search_docs", text) == first  # correct after being emptied
 
 
 def test_the_module_uses_the_compiled_leaf_unless_told_not_to() -> None:

@@ -162,6 +162,14 @@ def _float_hook(text: str) -> float | int | str:
 
 _decode_json: Final = msgspec.json.Decoder(float_hook=_float_hook).decode
 
+_decode_plain: Final = msgspec.json.Decoder().decode
+"""The JSON decoder without :func:`_float_hook` (which runs Python code for every non-integer
+number: about 1 µs each). Used only ahead of the compiled :data:`_canonical`, which writes an
+integral float as its integer and returns ``None`` where the two decoders could disagree: the
+canonical bytes are then those of :data:`_decode_json`'s value. The two differ only on
+integral floats (``1.0`` vs ``1``: the same canonical bytes) and on a number out of a float's
+range (``1e400``), which this one refuses: the caller then decodes with the hook."""
+
 _SCAN_BELOW: Final = 640
 """Below this many bytes of JSON, the regex scan for volatile keys beats walking the decoded
 value in Python (measured on typical arguments); above, the walk wins, by far on large ones. The
@@ -358,6 +366,12 @@ _SEEDS_MAX: Final = 4096
 _CACHED_NAME_MAX: Final = 256
 """Tool names longer than this are never cached: each cache holds at most ``_SEEDS_MAX`` names
 of at most this many characters, so a run of huge distinct names cannot grow memory."""
+_TEXT_CACHE_MAX: Final = 512
+"""Signatures of argument text each :class:`Normalizer` remembers (a pure cache keyed by the
+exact tool name and text: emptied when full, correct when empty)."""
+_CACHED_TEXT_MAX: Final = 2048
+"""Argument texts longer than this (in characters) are never cached: a cache holds at most
+``_TEXT_CACHE_MAX`` texts of at most this many characters (1 MiB), whatever the input."""
 _JSON_SEEDS: Final[dict[str, int]] = {}
 _TEXT_SEEDS: Final[dict[str, int]] = {}
 _RAW_SEEDS: Final[dict[str, int]] = {}
@@ -444,6 +458,9 @@ class Normalizer:
     _needle_re_b: re.Pattern[bytes] = field(init=False, compare=False, repr=False)
     _escapes: tuple[str, ...] = field(init=False, compare=False, repr=False)
     _escapes_b: tuple[bytes, ...] = field(init=False, compare=False, repr=False)
+    _text_signatures: dict[tuple[str, str], Signature] = field(init=False, compare=False, repr=False)
+    """The signatures of recent argument texts, by (tool, text): an agent that repeats a call
+    sends the same text again (see :data:`_TEXT_CACHE_MAX`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.volatile_keys, frozenset):
@@ -491,6 +508,7 @@ class Normalizer:
         object.__setattr__(self, "_needle_re_b", re.compile(pattern.encode("utf-8", "surrogatepass")))
         object.__setattr__(self, "_escapes", tuple(escapes))
         object.__setattr__(self, "_escapes_b", tuple(e.encode() for e in escapes))
+        object.__setattr__(self, "_text_signatures", {})
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt from its fields: the derived ones (the keyed hash is a closure) are not pickled.
@@ -639,24 +657,54 @@ class Normalizer:
             # The common case from agent loops and frameworks: one compiled pass.
             payload = _canonical(arguments, self.volatile_keys)
             if payload is not None:
-                return Signature(tool, self._hash128(payload, _seed(tool, _JSON)), _JSON)
+                seed = _JSON_SEEDS.get(tool)  # _seed(tool, _JSON), inlined
+                if seed is None:
+                    seed = _seed(tool, _JSON)
+                return Signature(tool, self._hash128(payload, seed), _JSON)
         elif t is str:
-            # The hot path (a JSON string, as traces and LLMs give arguments), inlined: the
-            # steps of _canonical_text, minus a few calls and, for ASCII text (whose length is
-            # its size in bytes), minus the copy to bytes: msgspec reads the str in place.
-            if (
-                arguments.isascii()
-                and len(arguments) <= self.max_bytes
-                and arguments
-                and arguments[0] in _JSON_FIRST_CHARS
-            ):
-                try:
-                    obj = _decode_json(arguments)
-                except _DECODE_ERRORS:
-                    return self._signature(tool, _TEXT, arguments.encode())
-                return self._decoded_signature(tool, obj, arguments)
-            return self._signature(tool, *self._canonical_text(arguments))
+            # A JSON string, as traces and LLMs give arguments. A repeated call (what a loop
+            # is made of) sends the same text again: its signature is remembered.
+            if type(tool) is str and len(arguments) <= _CACHED_TEXT_MAX:
+                cache = self._text_signatures
+                cached = cache.get((tool, arguments))
+                if cached is None:
+                    cached = self._text_signature(tool, arguments)
+                    if len(cache) >= _TEXT_CACHE_MAX:
+                        cache.clear()  # a pure cache: bounded, and correct when emptied
+                    cache[tool, arguments] = cached
+                return cached
+            return self._text_signature(tool, arguments)
         return self._signature(tool, *self.canonical(arguments))
+
+    def _text_signature(self, tool: str, arguments: str) -> Signature:
+        """The signature of ``tool`` called with the argument text ``arguments`` (uncached)."""
+        # The steps of _canonical_text, minus a few calls and, for ASCII text (whose length is
+        # its size in bytes), minus the copy to bytes: msgspec reads the str in place.
+        if (
+            arguments.isascii()
+            and len(arguments) <= self.max_bytes
+            and arguments
+            and arguments[0] in _JSON_FIRST_CHARS
+        ):
+            if _canonical is not None:
+                # Decoded without the float hook, then canonicalized in C (see _decode_plain);
+                # anything the compiled pass leaves to Python is decoded again with the hook.
+                try:
+                    plain = _decode_plain(arguments)
+                except _DECODE_ERRORS:
+                    pass
+                else:
+                    tp = type(plain)
+                    if tp is dict or tp is list:
+                        payload = _canonical(plain, self.volatile_keys)
+                        if payload is not None:
+                            return Signature(tool, self._hash128(payload, _seed(tool, _JSON)), _JSON)
+            try:
+                obj = _decode_json(arguments)
+            except _DECODE_ERRORS:
+                return self._signature(tool, _TEXT, arguments.encode())
+            return self._decoded_signature(tool, obj, arguments)
+        return self._signature(tool, *self._canonical_text(arguments))
 
     def _decoded_signature(self, tool: str, obj: Any, text: str) -> Signature:
         """The signature of JSON ``text`` (ASCII, at most the cap) that decoded to ``obj``."""

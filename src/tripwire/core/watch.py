@@ -656,6 +656,14 @@ def _still_stuck(
             return None
     elif policy.require_evidence:
         return None
+    if (
+        current.hits == hits
+        and current.normalizer_version == normalizer.version
+        and (policy.key is _TOOL_ARGS or current.digest == sig.digest)
+    ):
+        # The same call, the same count, the same policy: the verdict in force, moved on to this
+        # call (every other field, the reason included, would be written the same).
+        return msgspec.structs.replace(current, call_index=index)
     entry = _REPETITION
     return Assessment(
         verdict=Verdict.STUCK,
