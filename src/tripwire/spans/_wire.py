@@ -73,12 +73,23 @@ def _varint(b: bytes, i: int, end: int) -> tuple[int, int]:
             raise _Bad(LONG_VARINT)
 
 
+_BAD_WIRE_TYPES: Final = frozenset({3, 4, 6, 7})
+
+
 def _tag(b: bytes, i: int, end: int) -> tuple[int, int, int]:
+    if i < end:
+        c = b[i]
+        if c < 0x80:  # a one-byte tag (fields 1-15): most of them
+            if c < 8:
+                raise _Bad(FIELD_ZERO)
+            if c & 7 in _BAD_WIRE_TYPES:
+                raise _Bad(WIRE_TYPE)
+            return c >> 3, c & 7, i + 1
     tag, i = _varint(b, i, end)
     if tag > 0xFFFFFFFF or tag >> 3 == 0:
         raise _Bad(FIELD_ZERO)
     wt = tag & 7
-    if wt in (3, 4, 6, 7):
+    if wt in _BAD_WIRE_TYPES:
         raise _Bad(WIRE_TYPE)
     return tag >> 3, wt, i
 
@@ -103,7 +114,11 @@ def _skip(b: bytes, wt: int, i: int, end: int) -> int:
 
 def _len(b: bytes, i: int, end: int) -> tuple[int, int]:
     """(start, end) of a length-delimited value."""
-    n, i = _varint(b, i, end)
+    if i < end and b[i] < 0x80:  # a length under 128 bytes
+        n = b[i]
+        i += 1
+    else:
+        n, i = _varint(b, i, end)
     if n > end - i:
         raise _Bad(TRUNCATED)
     return i, i + n
