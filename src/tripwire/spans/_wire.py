@@ -143,6 +143,8 @@ class _Ctx:
 
 def _value(b: bytes, i: int, end: int, depth: int, ctx: _Ctx) -> Any:
     """An ``AnyValue``: the last value field set wins."""
+    if end - i >= 2 and b[i] == 0x0A and b[i + 1] < 0x80 and i + 2 + b[i + 1] == end:
+        return _text(b, i + 2, end)  # a short string alone: the common case
     kind = 0
     lo = hi = 0
     num = 0
@@ -207,6 +209,16 @@ def _kv_into(
     b: bytes, i: int, end: int, depth: int, ctx: _Ctx, out: dict[str, Any], filtered: bool
 ) -> None:
     """One ``KeyValue`` into ``out`` (when its key is wanted, if ``filtered``)."""
+    if end - i >= 4 and b[i] == 0x0A and b[i + 1] < 0x80:
+        # The common layout, read directly: a short key, then the value, and nothing else.
+        khi = i + 2 + b[i + 1]
+        if khi + 2 <= end and b[khi] == 0x12 and b[khi + 1] < 0x80 and khi + 2 + b[khi + 1] == end:
+            key = b[i + 2 : khi]
+            if filtered and not (key.startswith(ctx.prefixes) or key in ctx.keys):
+                return
+            name = _text(b, i + 2, khi)
+            out[name] = _value(b, khi + 2, end, depth, ctx)
+            return
     klo = khi = vlo = vhi = -1
     while i < end:
         f, wt, i = _tag(b, i, end)
