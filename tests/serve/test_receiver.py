@@ -134,6 +134,24 @@ def test_partial_success_names_rejected_spans(service: Running) -> None:
     assert "traceId" in partial["errorMessage"]
 
 
+def test_a_protobuf_span_with_invalid_utf8_is_rejected_alone(service: Running) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+        ExportTraceServiceResponse,
+    )
+
+    req = ExportTraceServiceRequest.FromString(protobuf_body(loop_spans(3)))
+    spans = req.resource_spans[0].scope_spans[0].spans
+    before = len(spans)
+    spans[0].name = "MARK"
+    body = req.SerializeToString().replace(b"MARK", b"\xffAR\xfe")
+    got = httpx.post(f"{service.url}/v1/traces", content=body, headers=_auth(PB))
+    assert got.status_code == 200
+    response = ExportTraceServiceResponse.FromString(got.content)
+    assert response.partial_success.rejected_spans == 1 and before > 1
+    assert "UTF-8" in response.partial_success.error_message
+
+
 @pytest.mark.parametrize(
     ("body", "headers"),
     [
