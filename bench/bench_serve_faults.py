@@ -31,7 +31,6 @@ Run: ``python bench/bench_serve_faults.py [--runs 1600] [--only redis,postgres,s
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -314,59 +313,12 @@ def redis_restart(n_runs: int, rate: float) -> None:
 # -- scenario 2: PostgreSQL unreachable ---------------------------------------------------------
 
 
-class Proxy:
-    """A TCP proxy to 127.0.0.1:5432 that can be cut (drops connections, refuses new ones)."""
+def _tcp_proxy() -> Any:
+    """The tests' cuttable TCP proxy (tests/serve/tcp_proxy.py) in front of 127.0.0.1:5432."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serve"))
+    from tcp_proxy import TcpProxy
 
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.server: asyncio.base_events.Server | None = None
-        self.conns: set[asyncio.StreamWriter] = set()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.call(self._listen())
-
-    def call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
-
-    async def _listen(self) -> None:
-        self.server = await asyncio.start_server(self._client, "127.0.0.1", self.port, reuse_address=True)
-
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_r, up_w = await asyncio.open_connection("127.0.0.1", 5432)
-        except OSError:
-            writer.close()
-            return
-        self.conns.update((writer, up_w))
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            except OSError:
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
-        self.conns.discard(writer)
-        self.conns.discard(up_w)
-
-    async def _cut(self) -> None:
-        assert self.server is not None
-        self.server.close()
-        await self.server.wait_closed()
-        for w in list(self.conns):
-            w.transport.abort()
-        self.conns.clear()
-
-    def cut(self) -> None:
-        self.call(self._cut())
-
-    def restore(self) -> None:
-        self.call(self._listen())
+    return TcpProxy(target_port=5432, port=free_port())
 
 
 def postgres_outage(n_runs: int, rate: float, seconds: float = 10.0) -> None:
@@ -380,7 +332,7 @@ def postgres_outage(n_runs: int, rate: float, seconds: float = 10.0) -> None:
         return
     direct.truncate()
     direct.dispose()
-    proxy = Proxy()
+    proxy = _tcp_proxy()
     store = PG.format(port=proxy.port)
     port = free_port()
     serve = start_serve(port, store, tmp, ["--spool", str(tmp / "spool")])
@@ -401,6 +353,7 @@ def postgres_outage(n_runs: int, rate: float, seconds: float = 10.0) -> None:
     log = (tmp / "serve.log").read_text()
     report(f"2. PostgreSQL unreachable for {restored:.1f} s (TCP proxy cut)", load, result,
            f"; the service logged {log.count('run store')} store line(s)")
+    proxy.close()
     shutil.rmtree(tmp, ignore_errors=True)
 
 
