@@ -347,14 +347,28 @@ def test_a_run_that_crashes_still_hands_over_a_receipt_that_claims_no_end() -> N
     assert receipt.counters.tool_calls == 2 and counters.tool_bodies == 2
 
 
-def test_a_cancelled_run_is_recorded_as_a_user_abort() -> None:
+async def test_a_cancelled_run_is_recorded_as_a_user_abort() -> None:
+    # A cancelled task, not a KeyboardInterrupt through run_sync: that one leaves pydantic-ai's
+    # event loop with a thread-pool worker (not a daemon) that keeps the test process alive.
     got, on_receipt = sink()
     counters = Counters()
+    started = asyncio.Event()
 
-    def cancelled(i: int, seen: list[str], tools: bool) -> Any:
-        raise KeyboardInterrupt
+    def calls_slow(i: int, seen: list[str], tools: bool) -> Any:
+        return [("slow_lookup", {"key": "k"})]
 
-    agent = build(cancelled, counters, Tripwire(on_receipt=on_receipt))
-    with pytest.raises(KeyboardInterrupt):
-        agent.run_sync("What is the refund policy?")
+    agent = build(calls_slow, counters, Tripwire(on_receipt=on_receipt))
+
+    @agent.tool_plain
+    async def slow_lookup(key: str) -> str:
+        """A lookup that does not answer in time."""
+        started.set()
+        await asyncio.sleep(60)
+        return key
+
+    task = asyncio.create_task(agent.run("What is the refund policy?"))
+    await asyncio.wait_for(started.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
     assert [r.reason for r in got] == [StopReason.USER_CANCELLED]

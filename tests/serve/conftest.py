@@ -52,7 +52,10 @@ def running_service(config: ServeConfig, store: RunStore) -> Iterator[Running]:
     app = create_app(config, service=service)
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+            timeout_graceful_shutdown=5,  # a browser's keep-alive connection must not hold it
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -66,6 +69,12 @@ def running_service(config: ServeConfig, store: RunStore) -> Iterator[Running]:
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+        if thread.is_alive():
+            # A server whose loop never ends leaves its thread-pool worker (not a daemon)
+            # behind, and the test process then never exits: stop it hard, and say so.
+            server.force_exit = True
+            thread.join(timeout=15)
+            assert not thread.is_alive(), "the test server did not stop within 30 s"
 
 
 @pytest.fixture
