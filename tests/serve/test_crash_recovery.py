@@ -93,3 +93,17 @@ def test_a_torn_record_ends_the_replay_of_its_segment(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="in use"):
         Spool(tmp_path / "s")  # one receiver per spool
     again.close()
+
+
+def test_the_spool_holding_raw_bodies_is_readable_by_the_service_user_only(tmp_path: Path) -> None:
+    import stat
+
+    from tripwire.serve.spool import Spool
+
+    (tmp_path / "s").mkdir(mode=0o755)  # made by someone else, too open: tightened
+    spool = Spool(tmp_path / "s")
+    spool.append(1.0, "application/json", None, b'{"resourceSpans": []}')
+    segment = next((tmp_path / "s").glob("seg-*.log"))
+    assert stat.S_IMODE((tmp_path / "s").stat().st_mode) == 0o700
+    assert stat.S_IMODE(segment.stat().st_mode) == 0o600
+    spool.close()

@@ -67,7 +67,8 @@ class Spool:
         max_bytes: int = 1024 * 1024 * 1024,
     ) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o700)  # it holds raw request bodies: the service's user only
         self.segment_bytes = segment_bytes
         self.segment_s = segment_s
         self.max_bytes = max_bytes
