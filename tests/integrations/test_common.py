@@ -325,3 +325,43 @@ def test_bad_settings_name_the_field() -> None:
     with pytest.raises(ConfigError) as err:
         new_run(colour="red")
     assert err.value.field == "colour"
+
+
+# -- a run that raised ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [(RuntimeError("model down"), None), (KeyboardInterrupt(), StopReason.USER_CANCELLED),
+     (asyncio.CancelledError(), StopReason.USER_CANCELLED)],
+)
+def test_a_run_that_raised_gets_one_receipt_that_never_claims_completed(
+    error: BaseException, reason: StopReason | None
+) -> None:
+    import warnings
+
+    import tripwire.guard._guard as guard_module
+
+    got: list[StopReceipt] = []
+    run = new_run(agent="a", on_receipt=got.append)
+    run.before_model()
+    assert run.before_tool("search_docs", {"query": "x"}) is None
+    run.after_tool("search_docs", {"query": "x"}, "found it")
+    guard_module._UNFINISHED_WARNED.clear()  # the guard warns once per process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        receipt = run.failed(error)
+        assert run.failed(error) is receipt  # once
+    assert got == [receipt] and receipt.reason is reason
+    assert receipt.counters.tool_calls == 1
+    # A crash is not a forgotten finish(): no warning telling the user to call it.
+    assert not [w for w in caught if "guard.finish()" in str(w.message)]
+
+
+def test_a_stop_the_framework_turned_into_another_exception_keeps_its_reason() -> None:
+    run = new_run(Limits(max_steps=1), agent="a")
+    run.before_model()
+    with pytest.raises(BudgetExceeded):
+        run.before_model()
+    receipt = run.failed(RuntimeError("the framework wrapped the stop"))
+    assert receipt.reason is StopReason.MAX_STEPS

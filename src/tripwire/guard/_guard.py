@@ -916,6 +916,7 @@ class Guard:
         *,
         end: rc.EndKind | None = None,
         reason: StopReason | None = None,
+        crashed: bool = False,
         **fields: Any,
     ) -> StopReceipt:
         """A :class:`~tripwire.core.receipt.StopReceipt` built from the guard's state.
@@ -933,6 +934,9 @@ class Guard:
                 the user cancelled); default the guard's (:attr:`reason`). A run that was
                 neither stopped nor finished has none: call :meth:`finish` when the model
                 answers, or its receipt explains as ``uncertain`` (the guard warns once).
+            crashed: the run ended with an exception that is not a tripwire stop (the model
+                client raised, say): with no stop reason recorded, the receipt explains as
+                ``uncertain``, and the guard does not warn (nothing was forgotten).
             **fields: further ``StopReceipt`` fields (``outcomes``, ``requires_outcome``…).
         """
         if reason is not None and not isinstance(reason, StopReason):
@@ -942,7 +946,7 @@ class Guard:
             after = self.after_stop
         if reason is None:
             reason = snap.reason
-        if reason is None:
+        if reason is None and not crashed:
             _warn_unfinished()
         if end is None and reason is not None:
             end = _END_KINDS.get(reason, rc.EndKind.STOP_CONDITION)

@@ -331,7 +331,7 @@ class RunControl:
         stopped = self.guard.stopped
         if stopped is not None:
             return self.stop_result(stopped).receipt
-        return self._emit()  # no reason: the receipt does not claim how the run ended
+        return self._emit(crashed=True)  # no reason: it does not claim how the run ended
 
     @property
     def receipt(self) -> StopReceipt | None:
@@ -347,12 +347,12 @@ class RunControl:
         finally:
             current_run.reset(token)
 
-    def _emit(self) -> StopReceipt:
+    def _emit(self, *, crashed: bool = False) -> StopReceipt:
         with self._lock:
             receipt = self._receipt
             if receipt is not None:
                 return receipt
-            made: StopReceipt = self.guard.receipt(self.agent)
+            made: StopReceipt = self.guard.receipt(self.agent, crashed=crashed)
             receipt = self._receipt = made
         sink = self._on_receipt
         if sink is not None:
