@@ -49,10 +49,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from tripwire.core.events import ToolCall
-from tripwire.core.policy import LoopPolicy, Poll
-from tripwire.core.signature import DEFAULT_NORMALIZER
-from tripwire.detector import LoopWatcher
+from tripwire.core.policy import LoopPolicy
 from tripwire.errors import ConfigError
 from tripwire.replay.calibrate import learn_step_line
 from tripwire.replay.engine import TraceCalls, load_traces, replay_trace
@@ -196,7 +193,7 @@ table needs a rule for "8 different searches, all with an empty result")."""
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from evidence_cases import cases as _table_cases  # noqa: E402  (issue 15's table, as data)
-from evidence_cases import table_holds  # noqa: E402
+from evidence_cases import replay_case, table_holds  # noqa: E402
 
 TABLE = _table_cases()
 _ADMISSIBLE: dict[str, bool] = {}
@@ -209,20 +206,7 @@ def keeps_the_table(policy: LoopPolicy) -> bool:
     if got is None:
         got = True
         for case in TABLE:
-            polls = {t: Poll(interval_s=i, max_wait_s=w) for t, (i, w) in case.polls.items()}
-            watcher = LoopWatcher(policy.evolve(polls=polls) if polls else policy)
-            verdicts = []
-            for step in case.steps:
-                watcher.observe(
-                    ToolCall(
-                        tool=step.tool,
-                        arguments=step.args,
-                        start_s=step.at,
-                        end_s=step.at + 0.1,
-                        result_digest=DEFAULT_NORMALIZER.result_digest(step.result),
-                    )
-                )
-                verdicts.append(watcher.verdict.value)
+            verdicts = [v for v, _ in replay_case(case, policy)]
             if not table_holds(verdicts, case):
                 got = False
                 break

@@ -15,6 +15,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from tripwire.core.events import ToolCall
+from tripwire.core.policy import LoopPolicy, Poll
+from tripwire.core.signature import DEFAULT_NORMALIZER
+from tripwire.detector import LoopWatcher
+
 POLL_INTERVAL_S = 10.0
 POLL_MAX_WAIT_S = 60.0
 
@@ -194,3 +199,28 @@ def table_holds(verdicts: list[str], case: Case) -> bool:
         waiting = [i for i, v in enumerate(verdicts, 1) if v == "waiting"]
         return bool(waiting) and (not stuck or waiting[0] < stuck[0])
     return True
+
+
+def replay_case(case: Case, policy: LoopPolicy | None = None) -> list[tuple[str, str]]:
+    """The verdict (its value) and reason after each call of ``case``, judged through the public
+    API by a :class:`LoopWatcher` with ``policy`` (default: the defaults) and the case's polls."""
+    policy = policy or LoopPolicy()
+    if case.polls:
+        policy = policy.evolve(
+            polls={t: Poll(interval_s=i, max_wait_s=w) for t, (i, w) in case.polls.items()}
+        )
+    watcher = LoopWatcher(policy)
+    out = []
+    for step in case.steps:
+        watcher.observe(
+            ToolCall(
+                tool=step.tool,
+                arguments=step.args,
+                start_s=step.at,
+                end_s=step.at + 0.1,
+                result_digest=DEFAULT_NORMALIZER.result_digest(step.result),
+            )
+        )
+        current = watcher.current
+        out.append((watcher.verdict.value, current.reason if current is not None else ""))
+    return out

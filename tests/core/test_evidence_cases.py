@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from evidence_cases import Case, cases
+from evidence_cases import Case, cases, replay_case
 from tripwire import (
     Guard,
     Limits,
@@ -30,21 +30,8 @@ def _policy(case: Case) -> LoopPolicy:
 
 
 def _verdicts(case: Case) -> tuple[list[Verdict], list[str]]:
-    watcher = LoopWatcher(_policy(case))
-    verdicts, reasons = [], []
-    for step in case.steps:
-        watcher.observe(
-            ToolCall(
-                tool=step.tool,
-                arguments=step.args,
-                start_s=step.at,
-                end_s=step.at + 0.1,
-                result_digest=DEFAULT_NORMALIZER.result_digest(step.result),
-            )
-        )
-        verdicts.append(watcher.verdict)
-        reasons.append(watcher.current.reason if watcher.current is not None else "")
-    return verdicts, reasons
+    judged = replay_case(case)
+    return [Verdict(v) for v, _ in judged], [r for _, r in judged]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -183,22 +170,7 @@ def test_the_table_check_used_by_the_quality_bench_holds_the_defaults_and_has_te
     from evidence_cases import table_holds
 
     def verdicts(policy: LoopPolicy, case: Case) -> list[str]:
-        if case.polls:
-            policy = policy.evolve(polls={t: Poll(interval_s=i, max_wait_s=w) for t, (i, w) in case.polls.items()})
-        watcher = LoopWatcher(policy)
-        out = []
-        for step in case.steps:
-            watcher.observe(
-                ToolCall(
-                    tool=step.tool,
-                    arguments=step.args,
-                    start_s=step.at,
-                    end_s=step.at + 0.1,
-                    result_digest=DEFAULT_NORMALIZER.result_digest(step.result),
-                )
-            )
-            out.append(watcher.verdict.value)
-        return out
+        return [v for v, _ in replay_case(case, policy)]
 
     assert all(table_holds(verdicts(LoopPolicy(), case), case) for case in CASES)
     # "stuck at the 4th call": a threshold of 3 or 5 breaks the table; no same_result rule does too
