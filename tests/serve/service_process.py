@@ -40,7 +40,10 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], *, timeout: float = 30.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"tripwire serve exited with {proc.returncode} before it listened on {port}")
+            said = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+            raise AssertionError(
+                f"tripwire serve exited with {proc.returncode} before it listened on {port}: {said}"
+            )
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
                 return

@@ -21,6 +21,7 @@ from tripwire.store.runs import RunStore
 
 from .conftest import free_port
 from .otlp_helpers import protobuf_body
+from .service_process import wait_ready
 
 REDIS_URL = os.environ.get("TRIPWIRE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PG_URL = os.environ.get("TRIPWIRE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -77,20 +78,6 @@ def _receiver(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
-def _wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"receiver on {port} exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"receiver on {port} never became ready")
-
-
 @pytest.fixture
 def pg_store(redis_client: Any) -> Iterator[RunStore]:
     try:
@@ -115,10 +102,10 @@ def test_three_receivers_on_redis_agree_with_one(pg_store: RunStore, redis_clien
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(_receiver(ports[0], env))
-        _wait_ready(ports[0], procs[0])  # the first one migrates the shared store
+        wait_ready(ports[0], procs[0])  # the first one migrates the shared store
         procs += [_receiver(p, env) for p in ports[1:]]
         for port, proc in zip(ports[1:], procs[1:], strict=True):
-            _wait_ready(port, proc)
+            wait_ready(port, proc)
         headers = {"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {TOKEN}"}
         with httpx.Client(timeout=10) as client:
             for i, span in enumerate(spans):
