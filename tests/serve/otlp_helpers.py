@@ -11,8 +11,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 
-def loop_spans(calls: int = 6, *, result: str = "No results.", agent: str = "looper") -> tuple[ReadableSpan, ...]:
-    """A run span and ``calls`` identical GenAI tool spans, finished, from the real SDK."""
+def loop_spans(
+    calls: int = 6, *, result: str = "No results.", agent: str = "looper", call_ids: bool = True
+) -> tuple[ReadableSpan, ...]:
+    """A run span and ``calls`` identical GenAI tool spans, finished, from the real SDK
+    (``call_ids=False``: without ``gen_ai.tool.call.id``, as a hand-written loop sends them)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -27,7 +30,7 @@ def loop_spans(calls: int = 6, *, result: str = "No results.", agent: str = "loo
                 attributes={
                     "gen_ai.operation.name": "execute_tool",
                     "gen_ai.tool.name": "search_docs",
-                    "gen_ai.tool.call.id": f"call_{i}",
+                    **({"gen_ai.tool.call.id": f"call_{i}"} if call_ids else {}),
                     "gen_ai.tool.call.arguments": json.dumps({"query": "refund policy"}),
                     "gen_ai.tool.call.result": result,
                 },

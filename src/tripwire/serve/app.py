@@ -198,6 +198,13 @@ class Service:
             self._writer.start()
 
     def _replay(self) -> None:
+        self.fleet.replaying = True
+        try:
+            self._replay_pending()
+        finally:
+            self.fleet.replaying = False
+
+    def _replay_pending(self) -> None:
         assert self.spool is not None
         requests = spans = 0
         started = time.perf_counter()

@@ -251,6 +251,10 @@ class Fleet:
         """(release time, start time, arrival order, span): a heap."""
         self._order = itertools.count()
 
+    replaying: bool = False
+    """True while the receiver replays its write-ahead spool at start-up (records the
+    Redis-state fleet's shared logs already hold are then not appended twice)."""
+
     def __len__(self) -> int:
         return len(self._traces)
 

@@ -74,6 +74,10 @@ class RedisFleet(Fleet):
         groups: OrderedDict[str, list[tuple[Rec, Signature | None]]] = OrderedDict()
         for tid, rec, sig in records:
             groups.setdefault(tid, []).append((rec, sig))
+        if self.replaying:
+            self._adopt_logged(groups, now, out)
+            if not groups:
+                return
         pipe = self.client.pipeline(transaction=False)
         for tid, recs in groups.items():
             key = LOG_PREFIX + tid
@@ -105,6 +109,53 @@ class RedisFleet(Fleet):
             for rec, sig in recs:
                 self._apply(tid, rec, now, out, sig)
             self._remember(tid, first_mine + len(recs))
+
+    def _adopt_logged(
+        self, groups: OrderedDict[str, list[tuple[Rec, Signature | None]]], now: float, out: Outcome
+    ) -> None:
+        """Replaying the spool: take out of ``groups`` the records the shared logs hold already.
+
+        A request the previous life of this receiver accepted was appended to its traces' logs
+        before the 200, and may have been judged and written too; appended again, each of its
+        calls would count twice (twice as many identical calls: a false loop). A record is
+        known by its encoding (the same span makes the same record), matched once per copy in
+        the log. A trace whose log holds some of the request's records is rebuilt from its
+        whole log with every record applied as this receiver's own: whatever the dead process
+        did not write gets written now, and what it did write is written again as the same
+        rows (runs and calls are upserts, verdict rows and alerts are deduplicated), so nothing
+        is lost and nothing counts twice. The rest of the request goes on as new records.
+        """
+        reads = self.client.pipeline(transaction=False)
+        tids = list(groups)
+        for tid in tids:
+            reads.lrange(LOG_PREFIX + tid, 0, -1)
+        for tid, logged in zip(tids, reads.execute(), strict=True):
+            if not logged:
+                continue
+            copies: dict[bytes, int] = {}
+            for raw in logged:
+                copies[raw] = copies.get(raw, 0) + 1
+            fresh: list[tuple[Rec, Signature | None]] = []
+            for rec, sig in groups[tid]:
+                encoded = _ENCODER.encode(rec)
+                left = copies.get(encoded, 0)
+                if left:
+                    copies[encoded] = left - 1
+                else:
+                    fresh.append((rec, sig))
+            if len(fresh) == len(groups[tid]):
+                continue  # none of it was logged: the usual path
+            self._traces.pop(tid, None)
+            for raw in logged:
+                self._apply(tid, _DECODER.decode(raw), now, out)
+            self._remember(tid, len(logged))
+            if fresh:
+                groups[tid] = fresh
+            else:
+                del groups[tid]
+            trace = self._traces.get(tid)
+            if trace is not None:
+                trace.dirty = True
 
     def _catch_up(self, tid: str, recs: list[Rec], now: float) -> None:
         """Apply records other receivers appended: same state, but no writes and no actions."""

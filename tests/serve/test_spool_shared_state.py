@@ -1,0 +1,68 @@
+"""The write-ahead spool with per-trace state in Redis: a request the killed receiver had
+already appended to its trace's shared log is not counted twice when the restarted receiver
+replays the spool (real ``tripwire serve`` processes, real Redis, a real SQLite store)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tripwire.store.runs import RunStore
+
+from .conftest import free_port
+from .otlp_helpers import loop_spans, protobuf_body, trace_id_of
+from .service_process import serve_process, stop, wait_ready
+
+REDIS_URL = os.environ.get("TRIPWIRE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+TOKEN = "spool-redis-token-0123456789ab"
+
+
+def test_a_replayed_request_already_in_the_shared_log_counts_once(tmp_path: Path, redis_client: Any) -> None:
+    # Three identical calls, no root span: the run goes on, and three calls are not a loop
+    # (the fourth would be). Counted twice, they would be six, and the run judged stuck. No
+    # call ids (a hand-written loop): the engine's call-id memory cannot tell copies apart.
+    spans = [s for s in loop_spans(3, call_ids=False) if s.parent is not None]
+    trace_id = trace_id_of(spans)
+    db = tmp_path / "runs.db"
+    port = free_port()
+    args = ["--port", str(port), "--store", f"sqlite:///{db}", "--spool", str(tmp_path / "spool"),
+            "--redis", REDIS_URL, "--state", "redis", "--reorder-ms", "0", "--log-format", "text"]
+    env = {"TRIPWIRE_TOKEN": TOKEN}
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-protobuf"}
+    log_key = f"tripwire:log:{trace_id}"
+    redis_client.delete(log_key)
+    proc = serve_process(args, env=env, stderr=tmp_path / "serve.log")
+    try:
+        wait_ready(port, proc)
+        got = httpx.post(f"http://127.0.0.1:{port}/v1/traces", content=protobuf_body(spans), headers=headers, timeout=10)
+        assert got.status_code == 200, got.text
+        # Judged at once (no reorder wait): the records are in the shared log before the 200.
+        assert redis_client.llen(log_key) == 3
+    finally:
+        stop(proc, kill=True)  # within the spool's segment time: the request is still spooled
+    try:
+        assert proc.returncode == -9
+        proc = serve_process(args, env=env, stderr=tmp_path / "serve.log")
+        try:
+            wait_ready(port, proc)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and "replayed 1 spooled" not in (tmp_path / "serve.log").read_text():
+                time.sleep(0.05)
+            assert "replayed 1 spooled requests" in (tmp_path / "serve.log").read_text()
+            assert redis_client.llen(log_key) == 3
+        finally:
+            stop(proc)
+        store = RunStore.open(f"sqlite:///{db}")
+        try:
+            # The graceful stop wrote the run as the restarted receiver judged it.
+            rows, total = store.runs()
+            assert total == 1, (tmp_path / "serve.log").read_text()
+            assert rows[0].tool_calls == 3 and rows[0].verdict != "stuck", rows[0]
+        finally:
+            store.dispose()
+    finally:
+        redis_client.delete(log_key)
