@@ -54,6 +54,24 @@ def test_upsert_keeps_created_at_and_operator_flags(store: RunStore) -> None:
     assert store.run("b" * 32) is None
 
 
+def test_an_ended_run_is_not_turned_back_into_a_running_one(store: RunStore) -> None:
+    tid = "e" * 32
+    receipt = {"reason": "completed", "counters": {"tool_calls": 3}}
+    store.write(Batch(runs=[_run(tid, status="ended", tool_calls=3, receipt=receipt, ended_at=150.0)]))
+    # A late write of the run as it was before its end (an older batch, retried) loses.
+    store.write(Batch(runs=[_run(tid, status="running", tool_calls=2, updated_at=160.0)]))
+    row = store.run(tid)
+    assert row is not None
+    assert (row.status, row.tool_calls, row.receipt, row.ended_at) == ("ended", 3, receipt, 150.0)
+    # A running run is updated as usual, in the same batch as others.
+    other = "f" * 32
+    store.write(Batch(runs=[_run(other, tool_calls=1), _run(tid, status="running", tool_calls=9)]))
+    store.write(Batch(runs=[_run(other, tool_calls=4, verdict="stuck")]))
+    again, mine = store.run(other), store.run(tid)
+    assert again is not None and (again.tool_calls, again.verdict) == (4, "stuck")
+    assert mine is not None and (mine.status, mine.tool_calls) == ("ended", 3)
+
+
 def test_filters_pagination_and_counts(store: RunStore) -> None:
     rows = [
         _run(f"{i:032x}", agent="a" if i % 2 else "b", verdict="stuck" if i % 3 == 0 else "working", created_at=float(i), updated_at=float(i))
