@@ -182,6 +182,10 @@ _volatile_free: Final = getattr(speedups(), "volatile_free", None)
 # First bytes of a JSON document, its leading whitespace included (other text skips the parser).
 _JSON_FIRST: Final = frozenset(b'{["-0123456789tfn \t\n\r')
 _JSON_FIRST_CHARS: Final = frozenset('{["-0123456789tfn \t\n\r')
+_OPENERS: Final = frozenset((b"{", b"[", b'"'))
+"""The first bytes (after whitespace) of a JSON document that a result digest may parse: an
+object or an array (which can hold a volatile key), or a string (an escape in it, such as
+``\\u``, sends it through the parser, which writes it again)."""
 
 
 def _encode_fallback(obj: Any) -> bytes | None:
@@ -796,8 +800,14 @@ class Normalizer:
         if isinstance(value, (str, bytes, bytearray, memoryview)):
             raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else bytes(value)
             payload = raw
-            # Above the cap the text is never parsed: skip the scan too.
-            if len(raw) <= self.max_bytes and self._may_hold_volatile(raw):
+            # Only an object, an array or a string can hold a volatile key: text that starts
+            # with anything else is never parsed (nor is text above the cap), so skip the scan.
+            # (A number, true, false or null holds no quote and no backslash, so the scan could
+            # not find a key in it anyway; lstrip() strips a superset of JSON's whitespace.)
+            opener = raw[:1]
+            if opener.isspace():
+                opener = raw.lstrip()[:1]
+            if opener in _OPENERS and len(raw) <= self.max_bytes and self._may_hold_volatile(raw):
                 obj = self._parse(raw)
                 if obj is not _NOT_JSON:
                     payload = _json_bytes(self._strip(obj))
