@@ -169,3 +169,31 @@ def test_operator_kill_and_resolve_through_the_api(redis_service: object, redis_
     assert got.json()["run"]["resolved"] is True
     assert redis_client.get(KEY_PREFIX + tid) is None  # type: ignore[attr-defined]
     assert httpx.post(f"{r.url}/api/runs/{'0' * 31}1/kill", headers=r.headers()).status_code == 404  # type: ignore[attr-defined]
+
+
+def test_a_run_repeating_itself_in_one_request_is_announced_once(redis_service: object, redis_client: object) -> None:
+    # Ten identical calls in one export: stuck at the 4th, and six more repeats after it. Each
+    # repeat asks for the flag again (it may have been lowered), but one request raises it and
+    # tells every subscribed agent once, with its latest state.
+    r = redis_service
+    client = redis_client
+    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[attr-defined]
+    pubsub.subscribe(CHANNEL)
+    spans = [s for s in loop_spans(10) if s.parent is not None]
+    tid = trace_id_of(spans)
+    got = httpx.post(
+        f"{r.url}/v1/traces", content=protobuf_body(spans),  # type: ignore[attr-defined]
+        headers={"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {TOKEN}"},
+    )
+    assert got.status_code == 200
+    flag = json.loads(client.get(KEY_PREFIX + tid))  # type: ignore[attr-defined]
+    assert flag["kind"] == "loop" and flag["hits"] > 4  # the latest state, not the 4th call's
+    ours = []
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.2)
+        if message is not None and json.loads(message["data"]).get("trace_id") == tid:
+            ours.append(json.loads(message["data"]))
+    pubsub.close()
+    client.delete(KEY_PREFIX + tid)  # type: ignore[attr-defined]
+    assert [m["hits"] for m in ours] == [flag["hits"]]

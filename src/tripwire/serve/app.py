@@ -353,9 +353,12 @@ class Service:
             out.urgent = Batch()
         if out.kills:
             now = self.clock()
+            # One flag per run and step: a stuck run that repeated itself ten times in one
+            # request is raised (and announced to every subscriber) once, with its latest state.
+            latest = {k.trace_id: k for k in out.kills}
             payloads = [
                 flag_payload(k.trace_id, k.assessment or k.stop, at=now, message=k.message)
-                for k in out.kills
+                for k in latest.values()
             ]
             first = [k for k in out.kills if not k.again]
             self.store.mark_killed([k.trace_id for k in first])
