@@ -310,11 +310,28 @@ def _any(v: _AnyValue | None, out: Decoded, depth: int = 0) -> Any:
     return None
 
 
+_WANTED: Final[dict[str, bool]] = {}
+"""Whether the decoder keeps an attribute key (a pure cache: keys repeat on every span)."""
+_WANTED_MAX: Final = 4096
+_WANTED_KEY_MAX: Final = 256
+
+
+def _wanted(key: str) -> bool:
+    keep = key.startswith(WANTED_PREFIXES) or key in WANTED_KEYS
+    if len(key) <= _WANTED_KEY_MAX:  # bounded in count and bytes whatever the input
+        if len(_WANTED) >= _WANTED_MAX:
+            _WANTED.clear()
+        _WANTED[key] = keep
+    return keep
+
+
 def _attrs(kvs: list[_KeyValue], out: Decoded) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
+    wanted = _WANTED.get
     for kv in kvs:
         key = kv.key
-        if key.startswith(WANTED_PREFIXES) or key in WANTED_KEYS:
+        keep = wanted(key)
+        if keep or (keep is None and _wanted(key)):
             v = kv.value
             attrs[key] = v.string_value if v is not None and v.string_value is not None else _any(v, out)
     return attrs
@@ -380,6 +397,7 @@ def _exception_type(events: list[_Event]) -> str | None:
 
 
 _ZERO_TRACE: Final = "0" * 32
+_NO_ID: Final[Any] = object()
 _BAD_JSON_ID_MESSAGE: Final = "a span has an invalid traceId or spanId"
 _MISSING_ID_MESSAGE: Final = "a span has no traceId"
 
@@ -399,28 +417,43 @@ def _groups(req: _Request, out: Decoded) -> Iterator[_Group]:
 def _json_views(groups: Iterable[_Group], out: Decoded) -> None:
     views: list[Any] = out.views
     make = DecodedSpan
+    # The spans of a request share a few traces and parents: each id text is read once.
+    trace_ids: dict[str, str | None] = {}
+    parent_ids: dict[str, str | None] = {}
     for resource, scope, spans in groups:
         for sp in spans:
-            if not sp.trace_id:
+            text = sp.trace_id
+            if not text:
                 out.missing_ids += 1
                 out.reject(_MISSING_ID_MESSAGE)
                 continue
-            trace_id = _id(sp.trace_id, 16)
+            trace_id = trace_ids.get(text, _NO_ID)
+            if trace_id is _NO_ID:
+                trace_id = trace_ids[text] = _id(text, 16)
             span_id = _id(sp.span_id, 8) if sp.span_id else ""
             if trace_id is None or span_id is None or trace_id == _ZERO_TRACE:
                 out.bad_ids += 1
                 out.reject(_BAD_JSON_ID_MESSAGE)
                 continue
+            text = sp.parent_span_id
+            if text:
+                parent = parent_ids.get(text, _NO_ID)
+                if parent is _NO_ID:
+                    parent = parent_ids[text] = _id(text, 8)
+            else:
+                parent = None
+            start = sp.start_time_unix_nano
+            end = sp.end_time_unix_nano
             status = sp.status
             error = status is not None and status.code in (2, "2", "STATUS_CODE_ERROR")
             views.append(
                 make(
                     trace_id,
                     span_id,
-                    _id(sp.parent_span_id, 8) if sp.parent_span_id else None,
+                    parent,
                     sp.name,
-                    _seconds(sp.start_time_unix_nano, out),
-                    _seconds(sp.end_time_unix_nano, out),
+                    start / 1e9 if type(start) is int and 0 < start < _MAX_NANOS else _seconds(start, out),
+                    end / 1e9 if type(end) is int and 0 < end < _MAX_NANOS else _seconds(end, out),
                     error,
                     (status.message or None) if status is not None else None,
                     _exception_type(sp.events) if error else None,
