@@ -1,5 +1,6 @@
 """Builds the optional compiled leaf helpers: the signature's, ``src/tripwire/core/_speedups.c``,
-and the OTLP wire scanner, ``src/tripwire/spans/_otlpscan.c``.
+the result digest's mask, ``src/tripwire/core/_resultmask.c``, and the OTLP wire scanner,
+``src/tripwire/spans/_otlpscan.c``.
 
 Everything else about the package is in pyproject.toml. Without a C compiler, or if a build
 fails, tripwire installs anyway and runs their pure-Python twins (``tripwire/core/signature.py``,
@@ -45,6 +46,7 @@ setup(
     if SKIP
     else [
         Extension("tripwire.core._speedups", ["src/tripwire/core/_speedups.c"], optional=True),
+        Extension("tripwire.core._resultmask", ["src/tripwire/core/_resultmask.c"], optional=True),
         Extension("tripwire.spans._otlpscan", ["src/tripwire/spans/_otlpscan.c"], optional=True),
     ],
     cmdclass={"bdist_wheel": PureUnlessBuilt},

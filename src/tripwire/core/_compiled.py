@@ -4,8 +4,9 @@ It is built by ``pip install`` when a C compiler is at hand and holds two statel
 functions of :mod:`tripwire.core.signature`: the canonical bytes of a tool call's arguments (the
 volatile-key walk included) and the volatile-key check of decoded JSON. Each has a Python twin
 that stays the reference; signatures are the same either way, and the loop watcher and every
-rule are Python only. Set ``TRIPWIRE_NO_EXTENSIONS=1`` to run without it (CI runs the whole
-suite both ways).
+rule are Python only. A second module, ``tripwire.core._resultmask`` (``_resultmask.c``), holds
+one more: the mask of a short tool result's volatile values (``Normalizer.result_digest``). Set
+``TRIPWIRE_NO_EXTENSIONS=1`` to run without them (CI runs the whole suite both ways).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
-__all__ = ["speedups"]
+__all__ = ["resultmask", "speedups"]
 
 
 def speedups() -> ModuleType | None:
@@ -25,3 +26,15 @@ def speedups() -> ModuleType | None:
     except ImportError:
         return None
     return _speedups
+
+
+def resultmask() -> ModuleType | None:
+    """``tripwire.core._resultmask`` (``_resultmask.c``), the compiled mask of a short result's
+    volatile values, or ``None`` when it was not built or ``TRIPWIRE_NO_EXTENSIONS`` is set."""
+    if os.environ.get("TRIPWIRE_NO_EXTENSIONS", "").strip() not in ("", "0"):
+        return None
+    try:
+        from tripwire.core import _resultmask
+    except ImportError:
+        return None
+    return _resultmask
