@@ -19,7 +19,10 @@ Measures, in one run and side by side:
 7. the real sessions of the labelled corpus (``../shared/corpus``, skipped when absent):
    ``LoopWatcher.observe`` with arguments as dicts and each result digested
    (``Normalizer.result_digest`` of its text) vs the naive detector, which digests no results
-   (target >= 5x).
+   (target >= 5x);
+7b. ``Normalizer.result_digest`` alone on the corpus's result texts (all, short ones of at most
+   200 bytes, long ones), with the compiled leaf (``tripwire.core._resultmask``) vs its
+   pure-Python twin (the regex mask and ``bytes.translate``) in the same run.
 
 Targets: >= 3.5x the baseline at every size at window 10; logic alone >= 10x at window 10 and
 >= 40x at window 100; <= ~150 us for any single call; state <= 2 KB (aim 512 B).
@@ -406,6 +409,42 @@ def bench_corpus(sessions: list[list[tuple[str, dict[str, Any], str | None]]]) -
     return ours_ns, base_ns, count
 
 
+def bench_result_digests(
+    sessions: list[list[tuple[str, dict[str, Any], str | None]]],
+) -> list[tuple[str, int, list[float], list[float]]]:
+    """Per result: ``result_digest`` with the compiled mask, and with the module's hooks to it
+    set to ``None`` (what ``TRIPWIRE_NO_EXTENSIONS=1`` gives), alternating round by round."""
+    from tripwire.core import signature as signature_module
+
+    results = [result for session in sessions for _, _, result in session if result is not None]
+    short = [r for r in results if len(r.encode("utf-8", "surrogatepass")) <= 200]
+    long_texts = [r for r in results if len(r.encode("utf-8", "surrogatepass")) > 200]
+    digest = DEFAULT_NORMALIZER.result_digest
+    hooks = {name: getattr(signature_module, name) for name in ("_mask", "_strip_digits")}
+    rounds = 5 if QUICK else 15
+    out = []
+    for label, texts in (("all", results), ("short (<= 200 B)", short), ("long", long_texts)):
+        leaf_ns: list[float] = []
+        twin_ns: list[float] = []
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(rounds):
+                for compiled, times in ((True, leaf_ns), (False, twin_ns)):
+                    for name, hook in hooks.items():
+                        setattr(signature_module, name, hook if compiled else None)
+                    t0 = time.perf_counter_ns()
+                    for text in texts:
+                        digest(text)
+                    times.append((time.perf_counter_ns() - t0) / max(1, len(texts)))
+        finally:
+            for name, hook in hooks.items():
+                setattr(signature_module, name, hook)
+            gc.enable()
+        out.append((label, len(texts), leaf_ns, twin_ns))
+    return out
+
+
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -497,6 +536,15 @@ def main() -> None:
         print(line)
         if "MISS" in line:
             misses.append(line.strip())
+        print("\n7b. result_digest per corpus result, compiled leaf vs its pure-Python twin (same run)")
+        from tripwire.core import signature as signature_module
+
+        if signature_module._mask is None:
+            print("  skipped: the compiled leaf tripwire.core._resultmask is not in use")
+        else:
+            print(HEADER.replace(" ours µs", " leaf µs").replace("naive µs", " twin µs"))
+            for label, count, leaf_ns, twin_ns in bench_result_digests(sessions):
+                print(row(f"  {label} ({count})", leaf_ns, twin_ns, None))
     else:
         print(f"  skipped: no corpus at {root}")
 
