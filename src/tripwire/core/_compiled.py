@@ -5,8 +5,9 @@ functions of :mod:`tripwire.core.signature`: the canonical bytes of a tool call'
 volatile-key walk included) and the volatile-key check of decoded JSON. Each has a Python twin
 that stays the reference; signatures are the same either way, and the loop watcher and every
 rule are Python only. A second module, ``tripwire.core._resultmask`` (``_resultmask.c``), holds
-one more: the mask of a short tool result's volatile values (``Normalizer.result_digest``). Set
-``TRIPWIRE_NO_EXTENSIONS=1`` to run without them (CI runs the whole suite both ways).
+two of ``Normalizer.result_digest``: the mask of a short tool result's volatile values and the
+digit deletion of a long one. Set ``TRIPWIRE_NO_EXTENSIONS=1`` to run without them (CI runs the
+whole suite both ways).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def speedups() -> ModuleType | None:
 
 
 def resultmask() -> ModuleType | None:
-    """``tripwire.core._resultmask`` (``_resultmask.c``), the compiled mask of a short result's
-    volatile values, or ``None`` when it was not built or ``TRIPWIRE_NO_EXTENSIONS`` is set."""
+    """``tripwire.core._resultmask`` (``_resultmask.c``), the compiled leaves of result digests,
+    or ``None`` when it was not built or ``TRIPWIRE_NO_EXTENSIONS`` is set."""
     if os.environ.get("TRIPWIRE_NO_EXTENSIONS", "").strip() not in ("", "0"):
         return None
     try:
