@@ -59,13 +59,23 @@ buf_reserve(Buffer *b, Py_ssize_t extra)
     return 0;
 }
 
-static int
+static inline int
 buf_put(Buffer *b, const void *p, Py_ssize_t n)
 {
-    if (buf_reserve(b, n) < 0)
+    if (b->len + n > b->cap && buf_reserve(b, n) < 0)
         return -1;
     memcpy(b->data + b->len, p, (size_t)n);
     b->len += n;
+    return 0;
+}
+
+/* One byte: the type byte of most values and headers. */
+static inline int
+buf_byte(Buffer *b, unsigned char c)
+{
+    if (b->len == b->cap && buf_reserve(b, 1) < 0)
+        return -1;
+    b->data[b->len++] = (char)c;
     return 0;
 }
 
@@ -83,10 +93,8 @@ buf_tagged(Buffer *b, unsigned char tag, uint64_t v, int n)
 static int
 put_uint(Buffer *b, uint64_t v)
 {
-    if (v < 128) {
-        unsigned char c = (unsigned char)v;
-        return buf_put(b, &c, 1);
-    }
+    if (v < 128)
+        return buf_byte(b, (unsigned char)v);
     if (v <= 0xff)
         return buf_tagged(b, 0xcc, v, 1);
     if (v <= 0xffff)
@@ -101,10 +109,8 @@ put_int(Buffer *b, int64_t v)
 {
     if (v >= 0)
         return put_uint(b, (uint64_t)v);
-    if (v >= -32) {
-        unsigned char c = (unsigned char)(int8_t)v;
-        return buf_put(b, &c, 1);
-    }
+    if (v >= -32)
+        return buf_byte(b, (unsigned char)(int8_t)v);
     if (v >= -128)
         return buf_tagged(b, 0xd0, (uint64_t)(uint8_t)(int8_t)v, 1);
     if (v >= -32768)
@@ -117,10 +123,8 @@ put_int(Buffer *b, int64_t v)
 static int
 put_str_header(Buffer *b, Py_ssize_t n)
 {
-    if (n < 32) {
-        unsigned char c = (unsigned char)(0xa0 | n);
-        return buf_put(b, &c, 1);
-    }
+    if (n < 32)
+        return buf_byte(b, (unsigned char)(0xa0 | n));
     if (n <= 0xff)
         return buf_tagged(b, 0xd9, (uint64_t)n, 1);
     if (n <= 0xffff)
@@ -139,10 +143,8 @@ put_text(Buffer *b, const char *s, Py_ssize_t n)
 static int
 put_container_header(Buffer *b, Py_ssize_t n, unsigned char fix, unsigned char t16, unsigned char t32)
 {
-    if (n < 16) {
-        unsigned char c = (unsigned char)(fix | n);
-        return buf_put(b, &c, 1);
-    }
+    if (n < 16)
+        return buf_byte(b, (unsigned char)(fix | n));
     if (n <= 0xffff)
         return buf_tagged(b, t16, (uint64_t)n, 2);
     return buf_tagged(b, t32, (uint64_t)n, 4);
@@ -236,8 +238,18 @@ walk_dict(Buffer *b, PyObject *d, PyObject *keys, int depth)
         kept++;
     }
     if (rc == OK) {
-        if (kept > 1)
+        if (kept > 16)
             qsort(entries, (size_t)kept, sizeof(Entry), entry_order);
+        else /* a few keys (the common case): an insertion sort, no calls */
+            for (Py_ssize_t i = 1; i < kept; i++) {
+                Entry e = entries[i];
+                Py_ssize_t j = i;
+                while (j > 0 && entry_order(&entries[j - 1], &e) > 0) {
+                    entries[j] = entries[j - 1];
+                    j--;
+                }
+                entries[j] = e;
+            }
         if (put_container_header(b, kept, 0x80, 0xde, 0xdf) < 0)
             rc = FAIL;
         for (Py_ssize_t i = 0; rc == OK && i < kept; i++) {
@@ -255,14 +267,10 @@ walk_dict(Buffer *b, PyObject *d, PyObject *keys, int depth)
 static int
 walk(Buffer *b, PyObject *v, PyObject *keys, int depth)
 {
-    if (v == Py_None) {
-        unsigned char c = 0xc0;
-        return buf_put(b, &c, 1) < 0 ? FAIL : OK;
-    }
-    if (v == Py_True || v == Py_False) {
-        unsigned char c = v == Py_True ? 0xc3 : 0xc2;
-        return buf_put(b, &c, 1) < 0 ? FAIL : OK;
-    }
+    if (v == Py_None)
+        return buf_byte(b, 0xc0) < 0 ? FAIL : OK;
+    if (v == Py_True || v == Py_False)
+        return buf_byte(b, v == Py_True ? 0xc3 : 0xc2) < 0 ? FAIL : OK;
     if (PyUnicode_CheckExact(v)) {
         Py_ssize_t len;
         const char *s = PyUnicode_AsUTF8AndSize(v, &len);
