@@ -16,7 +16,7 @@ per run, fed from the run's own thread or task).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from tripwire.core.events import Lease, ToolCall
 from tripwire.core.policy import DEFAULT_POLICY, KeyMode, LoopPolicy
@@ -156,12 +156,37 @@ class LoopDetector:
             LoopDetected: with ``rule``, ``tool``, ``hits``, ``window``, ``period`` and
                 ``call_index`` (1-based) of this call.
         """
-        evaluate(self._state, ToolCall(tool=tool, arguments=arguments), self._policy, self.normalizer)
+        normalizer = self.normalizer
+        signature = normalizer.signature(tool, arguments)  # ConfigError unless tool is a str
+        # The watcher reads a call's tool and evidence, never its arguments once signed: one
+        # bare ToolCall per tool name serves every call of it.
+        call = _BARE_CALLS.get(tool)
+        if call is None:
+            call = _bare_call(tool)
         state = self._state
+        evaluate(state, call, self._policy, normalizer, signature=signature)
         current = state.current
-        if current is not None and current.verdict is Verdict.STUCK and current.call_index == state.calls:
+        if current is not None and current.verdict is _STUCK and current.call_index == state.calls:
             raise current.exception()
 
     def reset(self) -> None:
         """Forget every call (start a new run)."""
         self._state = RunState.new(self._policy)
+
+
+_STUCK: Final = Verdict.STUCK
+
+_BARE_CALLS: Final[dict[str, ToolCall]] = {}
+"""``ToolCall(tool=name)`` by tool name, for :meth:`LoopDetector.observe` (a pure cache: at most
+:data:`_BARE_CALLS_MAX` names of at most :data:`_BARE_NAME_MAX` characters, emptied when full)."""
+_BARE_CALLS_MAX: Final = 1024
+_BARE_NAME_MAX: Final = 256
+
+
+def _bare_call(tool: str) -> ToolCall:
+    call = ToolCall(tool=tool)
+    if type(tool) is str and len(tool) <= _BARE_NAME_MAX:
+        if len(_BARE_CALLS) >= _BARE_CALLS_MAX:
+            _BARE_CALLS.clear()
+        _BARE_CALLS[tool] = call
+    return call

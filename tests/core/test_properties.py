@@ -248,3 +248,27 @@ def test_repetition_rule_agrees_with_a_counting_oracle(seq: list[str], window: i
             assert exc.hits == hits >= threshold
         else:
             assert hits < threshold
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from("AB"), st.integers(1, 12)), max_size=8),
+    st.integers(1, 6),
+)
+def test_period_runs_agree_with_their_definition(blocks: list[tuple[str, int]], max_period: int) -> None:
+    # Stretches of one call repeated (longer than max_period, where a repeat changes nothing in
+    # the state) alternating with other calls: after every call, calls - runs[p] is the number
+    # of trailing positions i with key[i] == key[i - p], for each period with a run.
+    seq = [s for s, n in blocks for _ in range(n)]
+    policy = LoopPolicy(window=4, threshold=4, max_period=max_period if max_period >= 2 else None)
+    state = RunState.new(policy)
+    for i, s in enumerate(seq, 1):
+        evaluate(state, ToolCall(tool=s), policy, DEFAULT_NORMALIZER)
+        expected: dict[int, int] = {}
+        for p in range(1, (policy.max_period or 1) + 1):
+            run = 0
+            while i - 1 - run - p >= 0 and seq[i - 1 - run] == seq[i - 1 - run - p]:
+                run += 1
+            if run:
+                expected[p] = run
+        assert {p: state.calls - start for p, start in state.runs.items()} == expected, seq[:i]

@@ -141,12 +141,14 @@ def _period(state: RunState, hits: int, limits: TripLimits) -> Trip | None:
     runs = state.runs
     if not runs or limits.min_repeats >= NEVER:
         return None
+    # runs[p] is where period p's run began: its length is calls - runs[p].
+    calls = state.calls
     # A cycle whose unit is one call repeated (all of its last p - 1 steps equal to their
     # predecessor) is period 1: the repetition rule's job.
-    same = runs.get(1, 0)
+    same = calls - runs[1] if 1 in runs else 0
     need = limits.min_repeats - 1
     for p in sorted(runs):
-        run = runs[p]
+        run = calls - runs[p]
         if p >= 2 and run >= need * p and same < p - 1:
             return (p, run // p + 1)
     return None

@@ -219,8 +219,12 @@ class RunState:
         self.recent: list[int | None] = [None] * max_period
         """The keys of the last ``max_period`` calls, newest first (``recent[p - 1]`` is p back)."""
         self.runs: dict[int, int] = _NO_RUNS
-        """runs[p]: trailing positions i with key[i] == key[i - p]; only non-zero entries (a call
-        unlike its last ``max_period`` predecessors, the common case, leaves it empty)."""
+        """For each period p with a run: the call count at which the run began, so that
+        ``calls - runs[p]`` is the number of trailing positions i with key[i] == key[i - p].
+        Only periods with a run are present: a call unlike its last
+        ``max_period`` predecessors, the common case, leaves it empty. Held as a start, a run
+        that goes on costs nothing: a call that repeats the one before it in a run of
+        ``max_period`` repeats changes neither this nor ``recent``."""
         self.results: array[int] | None = None
         """Ring of result hashes, 0 for "no result" (allocated on the first result)."""
         self.progress: list[str | None] | None = None
@@ -400,33 +404,65 @@ def _observe(
     keys = state.keys
     counts = state.counts
     old = keys[slot]
-    if old is not None:
-        left = counts[old] - 1
-        if left:
-            counts[old] = left
-        else:
-            del counts[old]
-    keys[slot] = key
-    hits = counts.get(key, 0) + 1
-    counts[key] = hits
+    if old == key:
+        hits = counts[key]  # the key that leaves the window comes back in: no count changes
+    else:
+        if old is not None:
+            left = counts[old] - 1
+            if left:
+                counts[old] = left
+            else:
+                del counts[old]
+        keys[slot] = key
+        hits = counts[key] = counts.get(key, 0) + 1
 
     # Period runs: only the periods p at which this key equals the key p calls back can
     # continue a run; every other run breaks. ``key in recent`` is one C-level scan.
     recent = state.recent
     if key in recent:
-        previous_runs = state.runs
-        fresh: dict[int, int] = {}
-        for p, k in enumerate(recent, start=1):
-            if k == key:
-                fresh[p] = previous_runs.get(p, 0) + 1
-        state.runs = fresh
-    elif state.runs:
-        state.runs = _NO_RUNS
-    recent.insert(0, key)
-    recent.pop()
+        runs = state.runs
+        if len(runs) != len(recent) or key != recent[0]:
+            begin = index - 1  # a run that starts here is 1 long
+            fresh: dict[int, int] = {}
+            for p, k in enumerate(recent, start=1):
+                if k == key:
+                    fresh[p] = runs.get(p, begin)
+            state.runs = fresh
+            recent.insert(0, key)
+            recent.pop()
+        # else every period had a run at the previous call, so its last ``max_period`` keys
+        # were one key, and this call repeats it: every run goes on, ``recent`` is unchanged.
+    else:
+        if state.runs:
+            state.runs = _NO_RUNS
+        recent.insert(0, key)
+        recent.pop()
 
-    if result or state.results is not None:
-        results = state.results
+    results = state.results
+    error = call.error_type
+    if (
+        not result
+        and results is None
+        and error is None
+        and call.progress is None
+        and state.progress is None
+        and state.marks is None
+        and not state.failures
+        and call.retryable is not False
+        and not policy.polls
+    ):
+        # A call with no evidence, in a run that never had any (the LoopDetector's calls):
+        # nothing to record. No result yet means no streak of results and no revisit; no marks
+        # means no failure, so no run of errors.
+        if hits < policy.trip_limits.threshold and not state.runs:
+            current = state.current
+            if current is not None and current.verdict is _WORKING:
+                state.confirm_streak = 0
+                return None
+            return _quiet(state, call, index, policy, normalizer)
+        return _judge(state, call, sig, key, hits, index, policy, normalizer, now_s, None)
+
+    if result or results is not None:
         if results is None:
             results = state.results = array("q", bytes(8 * window))
         results[slot] = result
@@ -436,24 +472,12 @@ def _observe(
             progress = state.progress = [None] * window
         progress[slot] = call.progress
 
-    error = call.error_type
     if error is not None:
         state.error_run = state.error_run + 1 if error == state.last_error else 1
         state.last_error = error
     elif state.error_run:
         state.error_run = 0
         state.last_error = None
-    marks = state.marks
-    if marks is not None or error is not None:
-        failed = error is not None
-        if marks is None:
-            marks = state.marks = bytearray(window)
-        old_mark = marks[slot]
-        if old_mark:
-            state.failed_recent -= old_mark & 1
-            state.revisits_recent -= old_mark >> 1
-        marks[slot] = failed
-        state.failed_recent += failed
 
     # Same-result streak: consecutive calls of one tool that found nothing.
     if result == _EMPTY:
@@ -475,29 +499,46 @@ def _observe(
     if state.failures or error is not None or call.retryable is False:
         prior, decided, outcome = _failure_step(state, call, sig, index, policy, normalizer)
         if decided:
+            if error is not None or state.marks is not None:
+                _mark(state, slot, 0 if error is None else 1, window)
             return outcome
+    # This call's mark (bit 0: failed, bit 1: a revisit), written once.
+    mark = 0 if error is None else 1
     if not result:
         state.revisit_run = 0
     elif (policy.revisit is not None or policy.revisit_share is not None) and _track_revisit(
         state, policy, args_key, result
     ):
-        marks = state.marks
-        if marks is None:
-            marks = state.marks = bytearray(window)
-        marks[slot] |= 2
-        state.revisits_recent += 1
+        mark += 2
+    marks = state.marks
+    if marks is not None:
+        old_mark = marks[slot]
+        if old_mark != mark:
+            marks[slot] = mark
+            state.failed_recent += (mark & 1) - (old_mark & 1)
+            state.revisits_recent += (mark >> 1) - (old_mark >> 1)
+    elif mark:
+        marks = _mark(state, slot, mark, window)
 
     # --- the rules: can any trip at this call? (a few named comparisons; RULES holds each
-    # rule's own test, run below only when one might) --------------------------------------
+    # rule's own test, run below only when one might). Without marks no call has failed or
+    # been a revisit; without results no streak of results has begun. -------------------
     limits = policy.trip_limits
     if (
         hits < limits.threshold
         and not state.runs
-        and state.error_run < limits.same_error
-        and state.outcome_run < limits.same_result
-        and state.revisit_run < limits.revisit
-        and state.revisits_recent < limits.revisit_share
-        and state.failed_recent < limits.failure_share
+        and (
+            marks is None
+            or (
+                state.error_run < limits.same_error
+                and state.failed_recent < limits.failure_share
+                and state.revisits_recent < limits.revisit_share
+            )
+        )
+        and (
+            results is None
+            or (state.outcome_run < limits.same_result and state.revisit_run < limits.revisit)
+        )
     ):
         current = state.current
         if current is not None and current.verdict is _WORKING:  # the common case, inlined
@@ -506,6 +547,18 @@ def _observe(
         return _quiet(state, call, index, policy, normalizer)
 
     return _judge(state, call, sig, key, hits, index, policy, normalizer, now_s, prior)
+
+
+def _mark(state: RunState, slot: int, mark: int, window: int) -> bytearray:
+    """Write ``mark`` into the marks ring (allocated here on first use) and its counts."""
+    marks = state.marks
+    if marks is None:
+        marks = state.marks = bytearray(window)
+    old_mark = marks[slot]
+    marks[slot] = mark
+    state.failed_recent += (mark & 1) - (old_mark & 1)
+    state.revisits_recent += (mark >> 1) - (old_mark >> 1)
+    return marks
 
 
 def _failure_step(
@@ -583,7 +636,8 @@ def _judge(
         held = _still_stuck(state, call, sig, hits, index, policy, normalizer)
         if held is not None:
             state.last_trip = index
-            return _set(state, held)
+            state.current = held
+            return None  # stuck before, stuck now: the verdict did not change
     trips: list[tuple[LoopRule, int, int]] = []
     tripped_groups: set[str] = set()
     for entry in RULES:
@@ -663,7 +717,7 @@ def _still_stuck(
     ):
         # The same call, the same count, the same policy: the verdict in force, moved on to this
         # call (every other field, the reason included, would be written the same).
-        return msgspec.structs.replace(current, call_index=index)
+        return _replace(current, call_index=index)
     entry = _REPETITION
     return Assessment(
         verdict=Verdict.STUCK,
@@ -684,6 +738,8 @@ def _still_stuck(
         limit=entry.limit,
     )
 
+
+_replace: Final = msgspec.structs.replace
 
 _REPETITION: Final = RULES[0]
 if _REPETITION.limit != "threshold":  # pragma: no cover - a table edit
@@ -753,21 +809,25 @@ def _track_revisit(state: RunState, policy: LoopPolicy, args_key: int, result: i
     if meta is None:
         meta = state.seen_meta = [0] * policy.revisit_memory
     at = seen.find(packed)
-    while at > 0 and at % 8:  # a match straddling two entries is no match
+    while at > 0 and at & 7:  # a match straddling two entries is no match
         at = seen.find(packed, at + 1)
     if at >= 0:
         slot = at >> 3
-        first, times = divmod(meta[slot], 256)
-        times = min(times + 1, 255)
-        meta[slot] = first * 256 + times
-        in_order = first == state.replay_at + 1
-        state.replay_at = first
-        if in_order:
-            state.replay_run += 1
-            if state.replay_run >= REPLAY_GRACE and times < 3:
+        entry = meta[slot]
+        first = entry >> 8
+        times = entry & 255
+        if times < 255:
+            times += 1
+            meta[slot] = entry + 1
+        if first == state.replay_at + 1:
+            state.replay_at = first
+            state.replay_run = replay_run = state.replay_run + 1
+            if replay_run >= REPLAY_GRACE and times < 3:
                 return False  # a stretch done again in order: counts from the third time through
         else:
-            state.replay_run = 0
+            state.replay_at = first
+            if state.replay_run:
+                state.replay_run = 0
         state.revisit_run += 1
         return True
     state.revisit_run = 0
