@@ -190,8 +190,8 @@ def decode_protobuf(body: bytes) -> Decoded:
 # -- JSON (the protobuf JSON mapping; camelCase on the wire) --------------------------------
 
 
-class _Base(msgspec.Struct, rename="camel", omit_defaults=True):
-    pass
+class _Base(msgspec.Struct, rename="camel", omit_defaults=True, gc=False):
+    """The decoded JSON is a tree (no cycles): the garbage collector need not track it."""
 
 
 class _ArrayValue(_Base):
