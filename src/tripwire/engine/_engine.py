@@ -5,17 +5,17 @@ from __future__ import annotations
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 import msgspec
 
 from tripwire.core.budget import Limits, Meter, RunCounters, Stop
-from tripwire.core.events import ModelCall
+from tripwire.core.events import ModelCall, ToolCall
 from tripwire.core.policy import DEFAULT_POLICY, KeyMode, LoopPolicy
 from tripwire.core.reasons import Verdict
-from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
+from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, Signature
 from tripwire.core.watch import Assessment, RunState, evaluate
 from tripwire.engine._values import (
     Boundary,
@@ -270,7 +270,13 @@ class Engine:
         lock = self._lock
         lock.acquire()
         try:
-            run = self._run_for(tid, now)
+            runs = self._runs
+            run = runs.get(tid)
+            if run is not None and now - run.last_seen <= self.idle_ttl_s:
+                run.last_seen = now  # _run_for's common case, inline
+                runs.move_to_end(tid)
+            else:
+                run = self._run_for(tid, now)
             call_id = call.call_id
             if call_id is not None:
                 attempt = self._seen_call(run, call_id, call.error_type is not None)
@@ -304,6 +310,25 @@ class Engine:
             lock.release()
         if assessment is None and not stops and not repeated and not event.root:
             return _NONE  # the common case: nothing changed
+        out = self._news(tid, previous, assessment, repeated, state, stops, meter)
+        if event.root:
+            ended = self.end(tid, cause="root")
+            if ended is not None:
+                out.append(ended)
+        return tuple(out)
+
+    def _news(
+        self,
+        tid: TraceId,
+        previous: Assessment | None,
+        assessment: Assessment | None,
+        repeated: bool,
+        state: RunState,
+        stops: tuple[tuple[Stop, bool], ...],
+        meter: Meter | None,
+    ) -> list[Decision]:
+        """The decisions one judged tool call brought (the rare case: something changed)."""
+        stats = self.stats
         out: list[Decision] = []
         if assessment is not None and not (
             previous is None and assessment.verdict is _WORKING
@@ -333,11 +358,75 @@ class Engine:
                         tool_only=tool_only,
                     )
                 )
-        if event.root:
-            ended = self.end(tid, cause="root")
-            if ended is not None:
-                out.append(ended)
-        return tuple(out)
+        return out
+
+    def observe_calls(
+        self,
+        trace_id: TraceId,
+        calls: Sequence[ToolCall],
+        signatures: Sequence[Signature | None],
+    ) -> list[tuple[int, Decision]]:
+        """Feed one run's tool calls in order; the decisions they bring, each with the index of
+        the call that brought it.
+
+        The same as :meth:`observe` of ``ToolSpan(trace_id=trace_id, call=calls[i],
+        signature=signatures[i])`` for each ``i`` in turn (none of them a root), with the run
+        looked up and the lock taken once for the batch, and the clock read once: the calls
+        count as made at one instant. Replay feeds a whole recorded trace this way.
+        """
+        if len(calls) != len(signatures):
+            raise ConfigError("signatures", len(signatures), f"one per call ({len(calls)})")
+        found: list[tuple[int, Decision]] = []
+        if not calls:
+            return found
+        policy = self.policy
+        normalizer = self.normalizer
+        stats = self.stats
+        limits = self._limits
+        seen_call = self._seen_call
+        replace = msgspec.structs.replace
+        now = self._clock()
+        with self._lock:
+            run = self._run_for(trace_id, now)
+            for i, call in enumerate(calls):
+                sig = signatures[i]
+                if sig is None:
+                    sig = normalizer.signature(call.tool, call.arguments)
+                call_id = call.call_id
+                if call_id is not None:
+                    attempt = seen_call(run, call_id, call.error_type is not None)
+                    if attempt == 0:
+                        stats.duplicate_calls += 1
+                        continue
+                    if attempt > 1:
+                        stats.attempts += 1
+                        if call.attempt is None:
+                            call = replace(call, attempt=attempt)
+                stats.tool_calls += 1
+                state = run.state
+                if state is None:
+                    state = run.state = RunState.new(policy)
+                previous = state.current
+                assessment = evaluate(state, call, policy, normalizer, signature=sig)
+                repeated = (
+                    assessment is None
+                    and previous is not None
+                    and previous.verdict is _STUCK
+                    and state.last_trip == state.calls
+                )
+                stops: tuple[tuple[Stop, bool], ...] = ()
+                meter = run.meter
+                if limits is not None:
+                    if meter is None:
+                        meter = run.meter = Meter(limits)
+                    untracked = meter.untracked
+                    stops = meter.tool_call(call.tool, call.start_s, call.end_s)
+                    stats.untracked_tools += meter.untracked - untracked
+                if assessment is None and not stops and not repeated:
+                    continue
+                for decision in self._news(trace_id, previous, assessment, repeated, state, stops, meter):
+                    found.append((i, decision))
+        return found
 
     def _model(self, event: ModelSpan) -> tuple[Decision, ...]:
         self.stats.model_calls += 1

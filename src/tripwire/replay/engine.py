@@ -28,7 +28,7 @@ from tripwire.core.events import ToolCall
 from tripwire.core.policy import LoopPolicy
 from tripwire.core.reasons import Rule, Verdict
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, Signature
-from tripwire.engine import Engine, ToolSpan, VerdictChanged
+from tripwire.engine import Engine, VerdictChanged
 from tripwire.replay.reader import DEFAULT_MAX_FILE_BYTES, FileBatch, Problem, read_batches
 from tripwire.spans import MAPPING_VERSION, MappingStats, RunBoundary, SpanView, map_span
 from tripwire.spans.otlp import DecodedSpan
@@ -330,19 +330,19 @@ def replay_trace(trace: TraceCalls, policy: LoopPolicy) -> TraceResult:
     engine = Engine(policy, normalizer=normalizer, clock=_NO_CLOCK)
     tid = trace.trace_id
     first: FirstTrip | None = None
-    for call, sig in zip(calls, trace.signatures, strict=True):
-        for decision in engine.observe(ToolSpan(trace_id=tid, call=call, signature=sig)):
-            if first is None and type(decision) is VerdictChanged and decision.stuck:
-                changed = decision.assessment
-                if changed.rule is not None:
-                    first = FirstTrip(
-                        call_index=changed.call_index,
-                        tool=changed.tool or call.tool,
-                        rule=changed.rule,
-                        period=changed.period,
-                        hits=changed.hits,
-                        digest=changed.digest,
-                    )
+    for i, decision in engine.observe_calls(tid, calls, trace.signatures):
+        if type(decision) is VerdictChanged and decision.stuck:
+            changed = decision.assessment
+            if changed.rule is not None:
+                first = FirstTrip(
+                    call_index=changed.call_index,
+                    tool=changed.tool or calls[i].tool,
+                    rule=changed.rule,
+                    period=changed.period,
+                    hits=changed.hits,
+                    digest=changed.digest,
+                )
+                break
     current = engine.verdict(tid)
     return TraceResult(
         trace_id=trace.trace_id,
