@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from collections.abc import Sequence
 from enum import Enum
@@ -40,7 +41,9 @@ from tripwire.cli._replay_options import (
 )
 
 if TYPE_CHECKING:
-    from tripwire.replay.engine import TraceResult
+    from tripwire.core.policy import LoopPolicy
+    from tripwire.core.signature import Normalizer
+    from tripwire.replay.engine import Loaded, TraceResult
 
 __all__ = ["replay"]
 
@@ -121,8 +124,6 @@ def replay(
     ] = False,
 ) -> None:
     """Replay a loop policy over recorded traces, without calling any model (see _HELP)."""
-    from tripwire.replay.engine import load_traces, replay_trace
-
     policy, normalizer = resolve_policy(
         ctx,
         config=config,
@@ -137,8 +138,16 @@ def replay(
         polling_tools=polling_tool,
     )
     max_bytes = parse_size("--max-file-size", max_file_size)
-    with reading_progress(paths) as on_file:
-        loaded = load_traces(paths, normalizer, on_file=on_file, max_file_bytes=max_bytes)
+    # Reading and replaying build objects (spans, calls, loop states) that stay alive until
+    # the results are out and hold no reference cycles: a collection meanwhile would only walk
+    # them, over and over as they grow. The collector is paused until then.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        loaded, results = _read_and_replay(paths, policy, normalizer, max_bytes, skip_empty=skip_empty)
+    finally:
+        if collecting:
+            gc.enable()
     n_errors = report_problems(loaded.problems, as_warnings=keep_going)
     if not loaded.traces and n_errors:
         abort_plain("no trace could be read; check the paths and formats above (see docs/replay.md)")
@@ -149,17 +158,20 @@ def replay(
             code=EXIT_NO_INPUT,
         )
 
-    results = [
-        replay_trace(t, policy) for t in loaded.traces if not (skip_empty and not t.calls)
-    ]
     if json_out:
         import msgspec
 
         encode = msgspec.json.encode
+        lines: list[str] = []
         for r in results:
             obj = r.to_json()
             obj["sources"] = list(r.sources)  # join verdicts to a per-file labels file
-            typer.echo(encode(obj).decode())
+            lines.append(encode(obj).decode())
+            if len(lines) == 1024:  # one write per 1,024 traces, not one flush per trace
+                typer.echo("\n".join(lines))
+                lines = []
+        if lines:
+            typer.echo("\n".join(lines))
     else:
         _table(results, policy.version, normalizer.version)
 
@@ -180,6 +192,19 @@ def replay(
             )
     if not results:
         err_console.print("[dim]no trace with a tool call in the input (--skip-empty)[/]")
+
+
+def _read_and_replay(
+    paths: list[str], policy: LoopPolicy, normalizer: Normalizer, max_bytes: int, *, skip_empty: bool
+) -> tuple[Loaded, list[TraceResult]]:
+    from tripwire.replay.engine import load_traces, replay_trace
+
+    with reading_progress(paths) as on_file:
+        loaded = load_traces(paths, normalizer, on_file=on_file, max_file_bytes=max_bytes)
+    results = [
+        replay_trace(t, policy) for t in loaded.traces if not (skip_empty and not t.calls)
+    ]
+    return loaded, results
 
 
 def _table(results: Sequence[TraceResult], policy_version: str, normalizer_version: str) -> None:
