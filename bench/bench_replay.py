@@ -20,6 +20,7 @@ import json
 import os
 import pstats
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -180,6 +181,7 @@ def main() -> None:
         stuck = sum(1 for r in results if r.first_trip is not None)
 
         t0 = time.perf_counter()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = subprocess.run(
             [
                 sys.executable,
@@ -195,6 +197,8 @@ def main() -> None:
             env=dict(os.environ, NO_COLOR="1"),
         )
         cli_s = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cli_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr)
 
@@ -208,7 +212,10 @@ def main() -> None:
     print(
         f"library replay_traces : {lib_s:6.2f} s  ({rate(lib_s)}; {len(results)} traces, {stuck} tripped)"
     )
-    print(f"CLI tripwire replay   : {cli_s:6.2f} s  ({rate(cli_s)}; exit {proc.returncode})")
+    print(
+        f"CLI tripwire replay   : {cli_s:6.2f} s  ({rate(cli_s)}; exit {proc.returncode}; "
+        f"{cli_cpu:.2f} s of CPU, {rate(cli_cpu)} of CPU)"
+    )
     print(
         f"naive baseline        : {naive_s:6.2f} s  ({rate(naive_s)}; {naive_stuck} tripped, repetition only)"
     )

@@ -8,8 +8,10 @@ Prints, in one run, spans per second for:
    batches of 512 GenAI tool spans in 64 traces, no HTTP; targets 150,000 spans/s (protobuf)
    and 130,000 spans/s (JSON) per core;
 2. end to end over HTTP on loopback: a ``tripwire serve`` process (in-memory state, SQLite
-   store) fed by a client process on the same machine, next to the same app with detection
-   switched off; target 50,000 spans/s per receiver process; and the Redis-state figure.
+   store) fed by a client process on the same machine, next to a plain receiver on the same
+   stack (Starlette on uvicorn) that only decodes; target 50,000 spans/s per receiver process;
+   and the Redis-state figure. Each also as the server's CPU time per span, which a busy
+   machine changes less than the rate.
 
 Every load loop is bounded in count and time, and sends only to 127.0.0.1.
 
@@ -120,15 +122,26 @@ def _decode_detect(bodies: list[bytes], kind: str) -> int:
     return n
 
 
-def _http(bodies: list[bytes], seconds: float, extra: list[str]) -> float:
-    """Spans/s through one ``tripwire serve`` process, fed by a client process."""
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _http(bodies: list[bytes], seconds: float, extra: list[str]) -> tuple[float, float]:
+    """Spans/s through one ``tripwire serve`` process, fed by a client process, and the
+    server's CPU time per span in µs (what a busy machine changes least)."""
     port = _free_port()
     tmp = tempfile.mkdtemp()
     env = dict(os.environ, TRIPWIRE_TOKEN="bench-token-0123456789abcdef")
+    command = (
+        [__file__, "--plain-server", str(port)]
+        if extra == ["--plain"]
+        else ["-c", "from tripwire.cli import main; main()", "serve", "--port", str(port),
+              "--store", f"sqlite:///{tmp}/runs.db", "--reorder-ms", "0", *extra]
+    )
     server = subprocess.Popen(
-        [sys.executable, "-c", "from tripwire.cli import main; main()", "serve", "--port", str(port),
-         "--store", f"sqlite:///{tmp}/runs.db", "--reorder-ms", "0", *extra],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, *command], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
         import httpx
@@ -147,11 +160,13 @@ def _http(bodies: list[bytes], seconds: float, extra: list[str]) -> float:
         with path.open("wb") as fh:
             for b in bodies:
                 fh.write(len(b).to_bytes(4, "big") + b)
+        cpu0 = _cpu_s(server.pid)
         client = subprocess.run(
             [sys.executable, __file__, "--client", str(port), str(path), str(seconds)],
             capture_output=True, text=True, check=True, env=env, timeout=seconds + 60,
         )
-        return float(client.stdout.strip().splitlines()[-1])
+        rate, spans = (float(x) for x in client.stdout.strip().splitlines()[-1].split())
+        return rate, (_cpu_s(server.pid) - cpu0) / max(spans, 1) * 1e6
     finally:
         server.terminate()
         server.wait(timeout=20)
@@ -190,7 +205,30 @@ def _client(port: int, path: str, seconds: float) -> None:
         t.start()
     for t in threads:
         t.join()
-    print(sum(sent) / (time.monotonic() - t0))
+    print(sum(sent) / (time.monotonic() - t0), sum(sent))
+
+
+def _plain_server(port: int) -> None:
+    """The plain receiver over HTTP: the same ASGI stack (Starlette on uvicorn), a route that
+    only decompresses and decodes, and the empty ``ExportTraceServiceResponse``."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from tripwire.spans.otlp import decode_request, decompress
+
+    async def traces(request: Request) -> Response:
+        body = decompress(await request.body(), request.headers.get("content-encoding"), max_bytes=64 << 20)
+        decode_request(body, request.headers.get("content-type"))
+        return Response(b"", media_type="application/x-protobuf")
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    app = Starlette(routes=[Route("/v1/traces", traces, methods=["POST"]), Route("/healthz", healthz)])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 def _free_port() -> int:
@@ -204,6 +242,9 @@ def _free_port() -> int:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
         _client(int(sys.argv[2]), sys.argv[3], float(sys.argv[4]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--plain-server":
+        _plain_server(int(sys.argv[2]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=40, help="requests of 512 spans (default 40)")
@@ -228,10 +269,14 @@ def main() -> None:
         ours = _rate(_decode_detect, data, kind)
         print(f"{label:44} {plain:>14,.0f}/s {ours:>10,.0f}/s {target:>8,}")
     if not args.no_http:
-        ours = _http(bodies, args.http_seconds, ["--no-auth"])
-        redis = _http(bodies, args.http_seconds, ["--no-auth", "--redis", args.redis, "--state", "redis"])
-        print(f"{'HTTP end to end, in-memory state':44} {'':>16} {ours:>10,.0f}/s {TARGET_HTTP:>8,}")
-        print(f"{'HTTP end to end, state in Redis':44} {'':>16} {redis:>10,.0f}/s {'':>8}")
+        plain, plain_cpu = _http(bodies, args.http_seconds, ["--plain"])
+        ours, ours_cpu = _http(bodies, args.http_seconds, ["--no-auth"])
+        redis, redis_cpu = _http(bodies, args.http_seconds, ["--no-auth", "--redis", args.redis, "--state", "redis"])
+        cpu = f"server CPU per span: plain {plain_cpu:.1f} µs"
+        print(f"{'HTTP end to end, in-memory state':44} {plain:>14,.0f}/s {ours:>10,.0f}/s {TARGET_HTTP:>8,}"
+              f"   ({cpu}, tripwire {ours_cpu:.1f} µs)")
+        print(f"{'HTTP end to end, state in Redis':44} {plain:>14,.0f}/s {redis:>10,.0f}/s {'':>8}"
+              f"   ({cpu}, tripwire {redis_cpu:.1f} µs)")
 
 
 if __name__ == "__main__":
