@@ -45,6 +45,8 @@ __all__ = [
 
 _VIEWS_SOURCE: Final = "<spans>"
 _NO_CALLS_REASON: Final = "the trace has no tool calls"
+_SIGNED_MEMO: Final = 65_536
+"""Signatures remembered by tool and argument text while traces are loaded (then forgotten)."""
 
 
 def _NO_CLOCK() -> float:
@@ -187,58 +189,84 @@ class _Collector:
         self.seq = 0
 
     def add(self, view: SpanView, source: str) -> None:
+        self.add_views((view,), source)
+
+    def add_views(self, views: Iterable[SpanView], source: str) -> None:
         loaded = self.loaded
-        loaded.spans += 1
-        builder = self.builders.get(view.trace_id)
-        if builder is None:
-            builder = self.builders[view.trace_id] = _Builder()
-        if (not builder.sources or builder.sources[-1] != source) and source not in builder.sources:
-            builder.sources.append(source)
-        if view.span_id:
-            if view.span_id in builder.span_ids:
-                loaded.duplicates += 1  # the same span exported twice (a retried export)
-                return
-            builder.span_ids.add(view.span_id)
-        event = map_span(view, self.normalizer, loaded.stats)
-        self.seq += 1
-        if isinstance(event, ToolCall):
-            entry = (_start_key(event.start_s), self.seq, event)
-            call_id = event.call_id
-            if call_id is not None:
-                at = builder.by_call_id.get(call_id)
-                if at is not None and builder.calls[at][2].error_type is not None:
-                    at = None  # the earlier execution failed: this span is the next attempt
-                if at is not None:
-                    # Partial/streamed reports of one call count once: keep the earliest start,
-                    # and the report that ended last (it is the most complete).
-                    loaded.duplicates += 1
-                    old_key, old_seq, old = builder.calls[at]
-                    if (event.end_s or 0.0) >= (old.end_s or 0.0):
-                        builder.calls[at] = (min(old_key, entry[0]), old_seq, event)
-                    return
-                builder.by_call_id[call_id] = len(builder.calls)
-            builder.calls.append(entry)
-        elif isinstance(event, RunBoundary):
-            builder.boundaries.append((_start_key(event.start_s), self.seq, event))
+        builders = self.builders
+        normalizer = self.normalizer
+        stats = loaded.stats
+        seq = self.seq
+        for view in views:
+            loaded.spans += 1
+            builder = builders.get(view.trace_id)
+            if builder is None:
+                builder = builders[view.trace_id] = _Builder()
+            sources = builder.sources
+            if (not sources or sources[-1] != source) and source not in sources:
+                sources.append(source)
+            span_id = view.span_id
+            if span_id:
+                if span_id in builder.span_ids:
+                    loaded.duplicates += 1  # the same span exported twice (a retried export)
+                    continue
+                builder.span_ids.add(span_id)
+            event = map_span(view, normalizer, stats)
+            seq += 1
+            if isinstance(event, ToolCall):
+                entry = (_start_key(event.start_s), seq, event)
+                call_id = event.call_id
+                if call_id is not None:
+                    at = builder.by_call_id.get(call_id)
+                    if at is not None and builder.calls[at][2].error_type is not None:
+                        at = None  # the earlier execution failed: this span is the next attempt
+                    if at is not None:
+                        # Partial/streamed reports of one call count once: keep the earliest
+                        # start, and the report that ended last (it is the most complete).
+                        loaded.duplicates += 1
+                        old_key, old_seq, old = builder.calls[at]
+                        if (event.end_s or 0.0) >= (old.end_s or 0.0):
+                            builder.calls[at] = (min(old_key, entry[0]), old_seq, event)
+                        continue
+                    builder.by_call_id[call_id] = len(builder.calls)
+                builder.calls.append(entry)
+            elif isinstance(event, RunBoundary):
+                builder.boundaries.append((_start_key(event.start_s), seq, event))
+        self.seq = seq
 
     def add_batch(self, batch: FileBatch) -> None:
         self.loaded.files += 1
         self.loaded.problems.extend(batch.problems)
-        for view in batch.spans:
-            self.add(view, batch.source)
+        self.add_views(batch.spans, batch.source)
 
     def finish(self) -> Loaded:
         normalizer = self.normalizer
         signature = normalizer.signature
+        # Agents repeat calls (a loop is nothing else): a call whose tool and argument text were
+        # signed already takes that signature (a pure function of the two), not a new one.
+        signed: dict[tuple[str, str], Signature] = {}
         for trace_id, b in self.builders.items():
-            b.calls.sort(key=lambda e: (e[0], e[1]))
+            b.calls.sort()  # by (start, seq): seq is unique, so the calls are never compared
             calls = tuple(e[2] for e in b.calls)
+            sigs: list[Signature] = []
+            for c in calls:
+                args = c.arguments
+                if type(args) is not str:
+                    sigs.append(signature(c.tool, args))
+                    continue
+                key = (c.tool, args)
+                sig = signed.get(key)
+                if sig is None:
+                    if len(signed) >= _SIGNED_MEMO:
+                        signed.clear()
+                    sig = signed[key] = signature(c.tool, args)
+                sigs.append(sig)
             self.loaded.traces.append(
                 TraceCalls(
                     trace_id=trace_id,
                     agent=_agent(b.boundaries),
                     calls=calls,
-                    signatures=tuple(signature(c.tool, c.arguments) for c in calls),
+                    signatures=tuple(sigs),
                     normalizer=normalizer,
                     sources=tuple(b.sources),
                 )

@@ -591,13 +591,17 @@ def _tool_call(
             if not (isinstance(stable, str) and stable == "{}" and arguments is ABSENT):
                 result_digest = normalizer.result_digest(stable)
 
-        explicit = _text(get("error.type"))
+        explicit = get("error.type")
+        if explicit is not None:
+            explicit = _text(explicit)
         if explicit is not None:
             error_type = explicit
         elif failure is not None:
             error_type = failure or error_type or "error"
 
-        retry_attempt = _int(get("pydantic_ai.tool.retry.attempt"))
+        retry_attempt = get("pydantic_ai.tool.retry.attempt")
+        if retry_attempt is not None:
+            retry_attempt = _int(retry_attempt)
         if retry_attempt is not None:
             attempt = retry_attempt
         if get("pydantic_ai.tool.retry.cause") is not None:
@@ -760,7 +764,7 @@ def map_span(
         results.
     """
     attrs = view.attributes
-    if not isinstance(attrs, Mapping):
+    if type(attrs) is not dict and not isinstance(attrs, Mapping):
         if stats is not None:
             stats.malformed += 1
         return None
