@@ -36,7 +36,6 @@ Usage: ``python bench/bench_core.py [--quick] [--corpus DIR]``
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import hashlib
 import json
@@ -200,8 +199,10 @@ def bench_observe(size: int, window: int) -> tuple[list[float], list[float], lis
     def det(b: int) -> None:
         observe = detector.observe
         for tool, args in calls[b * BATCH : (b + 1) * BATCH]:
-            with contextlib.suppress(LoopDetected):
+            try:  # noqa: SIM105 -- how a caller handles the stop; suppress() adds ~0.3 µs a call
                 observe(tool, args)
+            except LoopDetected:
+                pass
 
     def base(b: int) -> None:
         observe = naive.observe
@@ -308,8 +309,10 @@ def bench_detector(size: int, as_text: bool, volatile: bool) -> tuple[list[float
     def ours(b: int) -> None:
         observe = detector.observe
         for tool, args in calls[b * BATCH : (b + 1) * BATCH]:
-            with contextlib.suppress(LoopDetected):
+            try:  # noqa: SIM105 -- how a caller handles the stop; suppress() adds ~0.3 µs a call
                 observe(tool, args)
+            except LoopDetected:
+                pass
 
     def base(b: int) -> None:
         observe = naive.observe
