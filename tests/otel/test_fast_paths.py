@@ -22,7 +22,7 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
@@ -158,6 +158,15 @@ def test_the_pre_filter_agrees_with_classify(attrs: dict[str, Any], name: str, r
     processor = TripwireSpanProcessor(flags=tw.KillFlags())
     processor.on_end(span)
     assert processor.stats.internal_errors == 0
+    # on_end classifies inline: the span's fate follows classify's role.
+    role = classify(sdk_attrs, name, None if root else "p")
+    mapped = processor.mapping_stats
+    if role is SpanRole.TOOL:
+        assert mapped.tool_spans + mapped.malformed == 1
+    else:
+        assert mapped.tool_spans == mapped.malformed == 0
+    if role is not SpanRole.MODEL:
+        assert mapped.model_spans == 0
 
 
 _TOOL_ATTRS = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t"}
@@ -310,6 +319,23 @@ def test_on_start_and_on_ending_reach_the_wrapped_processor() -> None:
     assert [e[0] for e in inner.events] == ["start", "ending", "end"]
     assert inner.events[0][1] is ctx
     provider.shutdown()
+
+
+def test_an_on_start_of_ones_own_is_forwarded_on_an_sdk_processor() -> None:
+    seen: list[str] = []
+
+    class Counting(BatchSpanProcessor):
+        def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+            seen.append("class")
+
+    patched = BatchSpanProcessor(InMemorySpanExporter())
+    patched.on_start = lambda span, parent_context=None: seen.append("instance")  # type: ignore[method-assign]
+    for inner in (Counting(InMemorySpanExporter()), patched):
+        provider = TracerProvider()
+        provider.add_span_processor(TripwireSpanProcessor(inner, flags=tw.KillFlags()))
+        provider.get_tracer("t").start_span("a").end()
+        provider.shutdown()
+    assert seen == ["class", "instance"]
 
 
 def test_a_subclass_overriding_on_start_keeps_it() -> None:
