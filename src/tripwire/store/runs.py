@@ -188,7 +188,9 @@ class VerdictRow:
     normalizer_version: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+# Not frozen: one is built per tool call, and a frozen dataclass's __init__ (an
+# object.__setattr__ per field) costs three times as much (1.6 against 0.55 µs).
+@dataclass(slots=True, kw_only=True)
 class CallRow:
     """One tool call of a run's timeline (digests only, unless the store keeps raw arguments)."""
 
