@@ -61,7 +61,7 @@ def test_result_text_above_the_cap_is_hashed_as_is_and_in_full() -> None:
 # -- volatile values in short results (n2r5) ------------------------------------------------
 
 import pytest  # noqa: E402
-from hypothesis import example, given, settings  # noqa: E402
+from hypothesis import assume, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tripwire.core import signature  # noqa: E402
@@ -141,3 +141,30 @@ def test_the_cheap_scans_never_skip_a_volatile_word(text: str) -> None:
         assert full == signature._VOLATILE_DIGITS_RE.sub(b"\x00v", raw)
     if not digits:
         assert full == signature._VOLATILE_WORDS_RE.sub(b"\x00v", raw)
+
+
+_EMPTY_PIECES = st.one_of(
+    st.sampled_from(
+        ["no", "No", "NO", "not", "found", "Found", "FOUND", "foUnd", "nothing", "was", "0", "zero",
+         "Zero", "ze", "results", "match", "matches", "hits", "rows", "files", " ", "\t", "\n",
+         "\x0b", ".", "!", "ound", "[", "]", "{}", "null", "none", "''", "x", "Not Found!"]
+    ),
+    st.text(alphabet="abfnotuxzNOF0 .!\t", max_size=5),
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(_EMPTY_PIECES, max_size=9).map("".join))
+@example("0\tmatches found")  # a zero not followed by a space
+@example("Found 3 results")
+@example("Not Found!")
+@example("x not FOUND")  # no lower-case "ound": never a found-nothing message
+def test_the_cheap_test_before_the_found_nothing_regex_skips_no_match(text: str) -> None:
+    # The regex decides, and it only runs where the cheap test said it might match: the cheap
+    # test must keep every text the regex and the test's first form (any lower-case "ound",
+    # a short value, or a known start) let through.
+    bare = text.encode().strip()
+    assume(bare[:1] not in (b"{", b"[", b'"'))  # JSON is canonicalized first
+    first_form = len(bare) <= 4 or b"ound" in bare or bare[:2].lower() in (b"no", b"0 ", b"ze")
+    expected = first_form and signature._EMPTY_RE.match(bare) is not None
+    assert (N.result_digest(text) == EMPTY_RESULT) is expected

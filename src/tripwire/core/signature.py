@@ -842,8 +842,18 @@ class Normalizer:
             return self._result_hash(_strip_digits(payload))
         if size <= _EMPTY_MAX:
             bare = payload.strip()
-            # a cheap test first: only these can be "found nothing" messages
-            maybe = len(bare) <= 4 or b"ound" in bare or bare[:2].lower() in _EMPTY_STARTS
+            # A cheap test first: only these can be "found nothing" messages. Past the short
+            # values and the starts, the pattern can only match text that starts with "0" or
+            # ends with "found", "found." or "found!" ("… not found"), and this test has always
+            # asked for a lower-case "ound" there: "Found 3 results" never reaches the regex.
+            maybe = (
+                len(bare) <= 4
+                or bare[:2].lower() in _EMPTY_STARTS
+                or (
+                    (bare[:1] == b"0" or bare[-6:].lower().rstrip(b".!").endswith(b"found"))
+                    and b"ound" in bare
+                )
+            )
             if maybe and _EMPTY_RE.match(bare) is not None:
                 return EMPTY_RESULT
         masked = None if _mask is None else _mask(payload)
