@@ -359,22 +359,6 @@ class Fleet:
                         service = name[:200]
             exception_type = view.exception_type
             exception_type = exception_type[:100] if exception_type else None
-            if isinstance(event, ToolCall):
-                sig = signature(event.tool, event.arguments)
-                rec = Rec(
-                    root=root,
-                    start=view.start_s,
-                    end=view.end_s,
-                    failed=view.status_error,
-                    exception_type=exception_type,
-                    service=service,
-                    tool=replace(event, arguments=None),
-                    key=f"{sig.key:032x}",
-                    args_kind=sig.kind._value_,
-                    raw=_raw(event.arguments) if store_raw else None,
-                )
-                append((view.trace_id, rec, sig))
-                continue
             rec = Rec(
                 root=root,
                 start=view.start_s,
@@ -383,12 +367,20 @@ class Fleet:
                 exception_type=exception_type,
                 service=service,
             )
-            if isinstance(event, ModelCall):
+            sig: Signature | None = None
+            if isinstance(event, ToolCall):
+                sig = signature(event.tool, event.arguments)
+                rec.tool = replace(event, arguments=None)
+                rec.key = f"{sig.key:032x}"
+                rec.args_kind = sig.kind._value_
+                if store_raw:
+                    rec.raw = _raw(event.arguments)
+            elif isinstance(event, ModelCall):
                 rec.model = event
             elif isinstance(event, RunBoundary):
                 rec.agent = event.agent[:200] if event.agent else None
                 rec.outer = event.parent_span_id is None
-            append((view.trace_id, rec, None))
+            append((view.trace_id, rec, sig))
         return records
 
     def _commit(
