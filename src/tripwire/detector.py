@@ -22,7 +22,7 @@ from tripwire.core.events import Lease, ToolCall
 from tripwire.core.policy import DEFAULT_POLICY, KeyMode, LoopPolicy
 from tripwire.core.reasons import Verdict
 from tripwire.core.signature import ABSENT, DEFAULT_NORMALIZER, Normalizer
-from tripwire.core.watch import Assessment, RunState, evaluate
+from tripwire.core.watch import Assessment, RunState, evaluate_hashed
 from tripwire.errors import ConfigError
 
 __all__ = ["LoopDetector", "LoopWatcher"]
@@ -57,7 +57,18 @@ class LoopWatcher:
         """
         if type(call) is not ToolCall:
             raise ConfigError("call", call, "a ToolCall")
-        return evaluate(self.state, call, self.policy, self.normalizer, now_s=now_s)
+        normalizer = self.normalizer
+        digest = call.result_digest
+        # evaluate(), one call less: 0 marks "no result"; a digest hashing to 0 counts as 1.
+        return evaluate_hashed(
+            self.state,
+            call,
+            normalizer.signature(call.tool, call.arguments),
+            (hash(digest) or 1) if digest is not None else 0,
+            self.policy,
+            normalizer,
+            now_s,
+        )
 
     def call(self, tool: str, arguments: Any = ABSENT, **fields: Any) -> Assessment | None:
         """Shorthand for ``observe(ToolCall(tool=tool, arguments=arguments, **fields))``."""
@@ -164,7 +175,7 @@ class LoopDetector:
         if call is None:
             call = _bare_call(tool)
         state = self._state
-        evaluate(state, call, self._policy, normalizer, signature=signature)
+        evaluate_hashed(state, call, signature, 0, self._policy, normalizer, None)  # no result
         current = state.current
         if current is not None and current.verdict is _STUCK and current.call_index == state.calls:
             raise current.exception()

@@ -57,7 +57,7 @@ from tripwire.core.rules import RETRY_OF_NON_RETRYABLE, RULES, LoopRule, loop_me
 from tripwire.core.signature import EMPTY_RESULT, Normalizer, Signature
 from tripwire.errors import LoopDetected
 
-__all__ = ["COMPILED", "Assessment", "Failure", "RunState", "evaluate", "preview"]
+__all__ = ["COMPILED", "Assessment", "Failure", "RunState", "evaluate", "evaluate_hashed", "preview"]
 
 _MASK64: Final = (1 << 64) - 1
 
@@ -317,7 +317,7 @@ def evaluate(
     sig = normalizer.signature(call.tool, call.arguments) if signature is None else signature
     digest = call.result_digest
     # 0 marks "no result"; a digest hashing to 0 is stored as 1 (a harmless collision).
-    return _observe(
+    return evaluate_hashed(
         state, call, sig, (hash(digest) or 1) if digest is not None else 0, policy, normalizer, now_s
     )
 
@@ -377,14 +377,14 @@ def preview(
                 result = results[s]
                 break
     twin = state.copy()
-    _observe(twin, ToolCall(tool=tool), signature, result, policy, normalizer, now_s)
+    evaluate_hashed(twin, ToolCall(tool=tool), signature, result, policy, normalizer, now_s)
     current = twin.current
     if current is not None and current.verdict is _STUCK and current.call_index == index:
         return current
     return None
 
 
-def _observe(
+def evaluate_hashed(
     state: RunState,
     call: ToolCall,
     sig: Signature,
@@ -393,7 +393,12 @@ def _observe(
     normalizer: Normalizer,
     now_s: float | None,
 ) -> Assessment | None:
-    """:func:`evaluate` for a call whose result hash (0 = none) is ``result``."""
+    """:func:`evaluate` for a signed call whose result hash is ``result``, all positional.
+
+    ``result`` is ``hash(call.result_digest) or 1``, or 0 when the call has no result (what
+    :func:`evaluate` passes). For callers on the hot path that already hold the signature and
+    know the call has no result (:class:`~tripwire.LoopDetector`): one call less per tool call.
+    """
     args_key = sig.key
     key = args_key if policy.key is _TOOL_ARGS else normalizer.tool_signature(call.tool).key
     window = policy.window
