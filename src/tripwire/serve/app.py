@@ -781,7 +781,9 @@ async def _discard_body(request: Request, limit: int) -> None:
 
 
 def _slots(value: Any) -> dict[str, Any]:
-    return {name: getattr(value, name) for name in value.__slots__}
+    # A Struct's __slots__ are sorted: its fields in declaration order, as a dataclass's are.
+    names = getattr(value, "__struct_fields__", None) or value.__slots__
+    return {name: getattr(value, name) for name in names}
 
 
 def _since(text: str | None, now: float) -> float | None:
