@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from tripwire.core.budget import Limits
 from tripwire.core.events import ToolCall
 from tripwire.core.signature import DEFAULT_NORMALIZER
+from tripwire.core.watch import Assessment
 from tripwire.engine import Engine, StillStuck, ToolSpan, VerdictChanged
 from tripwire.errors import ConfigError
 
@@ -69,3 +70,47 @@ def test_one_signature_per_call_is_required() -> None:
         engine.observe_calls("t", [ToolCall(tool="x", arguments="{}")], [])
     assert engine.observe_calls("t", [], []) == []
     assert "t" not in engine
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(calls=_CALLS, limits=_LIMITS)
+def test_a_batch_tells_the_verdict_in_force_after_each_call_and_which_were_second_reports(
+    calls: list[ToolCall], limits: Limits | None
+) -> None:
+    single = Engine(limits=limits, clock=lambda: 0.0)
+    expected: list[Assessment | bool | None] = []
+    for call in calls:
+        counted = single.stats.tool_calls
+        single.observe(ToolSpan(trace_id="t", call=call))
+        expected.append(single.verdict("t") if single.stats.tool_calls > counted else False)
+    batched = Engine(limits=limits, clock=lambda: 0.0)
+    verdicts: list[Assessment | bool | None] = []
+    batched.observe_calls("t", calls, [None] * len(calls), verdicts=verdicts)
+    assert verdicts == expected
+
+
+def test_a_second_report_of_a_call_is_marked_and_a_retry_after_an_error_is_not() -> None:
+    engine = Engine(clock=lambda: 0.0)
+    calls = [
+        ToolCall(tool="read_file", arguments="{}", call_id="c1"),
+        ToolCall(tool="read_file", arguments="{}", call_id="c1"),  # the same execution again
+        ToolCall(tool="run_tests", arguments="{}", call_id="c2", error_type="TimeoutError"),
+        ToolCall(tool="run_tests", arguments="{}", call_id="c2"),  # a new attempt
+    ]
+    verdicts: list[Assessment | bool | None] = []
+    engine.observe_calls("t", calls, [None] * 4, verdicts=verdicts)
+    assert [v is False for v in verdicts] == [False, True, False, False]
+    assert all(v == engine.verdict("t") for v in verdicts if v is not False)
+    assert engine.stats.tool_calls == 3 and engine.stats.duplicate_calls == 1
+
+
+def test_last_active_is_the_clock_at_a_runs_last_call() -> None:
+    now = [5.0]
+    engine = Engine(clock=lambda: now[0], idle_ttl_s=10)
+    assert engine.last_active("t") is None
+    engine.observe_calls("t", [ToolCall(tool="x", arguments="{}")], [None])
+    now[0] = 7.5
+    engine.observe(ToolSpan(trace_id="t", call=ToolCall(tool="y", arguments="{}")))
+    assert engine.last_active("t") == 7.5
+    engine.end("t")
+    assert engine.last_active("t") is None

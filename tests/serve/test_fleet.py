@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from tripwire.core.budget import Limits
-from tripwire.serve.fleet import Fleet
+from tripwire.serve.fleet import Fleet, Outcome
 from tripwire.spans import SpanView
 
 TID = "ab" * 16
@@ -129,3 +133,76 @@ def test_a_transition_mid_batch_leaves_the_rows_counters_up_to_date() -> None:
     (row,) = out.urgent.runs
     assert (row.verdict, row.first_stuck_call, row.tool_calls, row.calls_after_stuck) == ("stuck", 4, 6, 2)
     assert out.routine.runs == []  # one row per run and step, not two
+
+
+_KINDS = st.sampled_from(["loop", "loop", "varied", "dup", "error", "model", "subagent", "root"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.lists(st.tuples(st.integers(0, 3), _KINDS), max_size=60),
+    limits=st.sampled_from([Limits(), Limits(max_tool_calls=9), Limits(max_steps=2)]),
+)
+def test_a_request_of_interleaved_traces_gives_each_trace_what_it_gets_span_by_span(
+    steps: list[tuple[int, str]], limits: Limits
+) -> None:
+    # One request with every span against the same spans one request each, in the same order:
+    # per trace, the same kills, transitions, verdict rows, timeline and end.
+    views = []
+    for i, (t, kind) in enumerate(steps):
+        tid = f"{t + 1:032x}"
+        if kind == "model":
+            views.append(_model(i, tid=tid))
+        elif kind == "subagent":
+            views.append(SpanView(trace_id=tid, span_id=f"{i + 900:016x}", parent_span_id="f" * 16, name="invoke_agent helper",
+                                  start_s=995.0, end_s=1000.0 + i, attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper"}))
+        elif kind == "root":
+            views.append(SpanView(trace_id=tid, span_id="f" * 16, name="invoke_agent looper", start_s=995.0, end_s=1000.0 + i,
+                                  attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "looper"}))
+        else:
+            call_id = "same" if kind == "dup" else None
+            args = {"query": f"topic {i}"} if kind == "varied" else None
+            views.append(_tool(i, tid=tid, call_id=call_id, args=args, error=kind == "error"))
+    # Judged by time: keep the order of the list (a tool at its start, a root at its end).
+    views = [_retimed(v, 1000.0 + i) for i, v in enumerate(views)]
+
+    def per_trace(outs: list[Outcome]) -> dict[tuple[str, str], list[object]]:
+        got: dict[tuple[str, str], list[object]] = {}
+        for out in outs:
+            for k in out.kills:
+                got.setdefault((k.trace_id, "kills"), []).append((k.reason, k.again, k.message))
+            for t in out.transitions:
+                got.setdefault((t.trace_id, "transitions"), []).append(t)
+            for v in out.urgent.verdicts:
+                got.setdefault((v.trace_id, "verdicts"), []).append(v)
+            for c in [*out.urgent.calls, *out.routine.calls]:
+                got.setdefault((c.trace_id, "calls"), []).append(c)
+            for r in out.ended_runs:
+                got.setdefault((r.trace_id, "ended"), []).append(r)
+        return got
+
+    together = Fleet(reorder_s=0, limits=limits)
+    one_by_one = Fleet(reorder_s=0, limits=limits)
+    expected = per_trace([one_by_one.process([v], now=1.0) for v in views])
+    assert per_trace([together.process(views, now=1.0)]) == expected
+    assert list(together._traces) == list(one_by_one._traces)
+    assert list(together.engine._runs) == list(one_by_one.engine._runs)
+    for tid in one_by_one._traces:
+        assert together.verdict(tid) == one_by_one.verdict(tid)
+    assert together.engine.stats == one_by_one.engine.stats
+
+
+def _retimed(view: SpanView, at: float) -> SpanView:
+    if view.parent_span_id is None:
+        return dataclasses.replace(view, end_s=at)
+    return dataclasses.replace(view, start_s=at, end_s=at + 0.5)
+
+
+def test_the_row_written_at_a_transition_is_the_run_as_it_was_at_that_call() -> None:
+    # The run ends in the same request, so the row made when it went stuck is not brought up
+    # to date: it must hold the counters and time span of the fourth call, not of the sixth.
+    fleet = Fleet(reorder_s=0)
+    out = fleet.process([*(_tool(i) for i in range(6)), _root()], now=1.0)
+    at_stuck, ended = out.urgent.runs
+    assert (at_stuck.status, at_stuck.verdict, at_stuck.tool_calls, at_stuck.duration_s) == ("running", "stuck", 4, 3.5)
+    assert (ended.status, ended.tool_calls, ended.duration_s) == ("ended", 6, 1001.0)

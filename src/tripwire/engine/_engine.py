@@ -204,6 +204,12 @@ class Engine:
         state = self.run_state(trace_id)
         return state.current if state is not None else None
 
+    def last_active(self, trace_id: TraceId) -> float | None:
+        """The clock time of an active run's last tool call (or, with limits, model call), or
+        ``None``; past ``idle_ttl_s`` ago, the run's next call starts it afresh."""
+        run = self._runs.get(trace_id)
+        return run.last_seen if run is not None else None
+
     def counters(self, trace_id: TraceId) -> RunCounters | None:
         """What an active run consumed, as the meter counts it (``None`` without limits)."""
         run = self._runs.get(trace_id)
@@ -365,6 +371,8 @@ class Engine:
         trace_id: TraceId,
         calls: Sequence[ToolCall],
         signatures: Sequence[Signature | None],
+        *,
+        verdicts: list[Assessment | bool | None] | None = None,
     ) -> list[tuple[int, Decision]]:
         """Feed one run's tool calls in order; the decisions they bring, each with the index of
         the call that brought it.
@@ -372,7 +380,14 @@ class Engine:
         The same as :meth:`observe` of ``ToolSpan(trace_id=trace_id, call=calls[i],
         signature=signatures[i])`` for each ``i`` in turn (none of them a root), with the run
         looked up and the lock taken once for the batch, and the clock read once: the calls
-        count as made at one instant. Replay feeds a whole recorded trace this way.
+        count as made at one instant. Replay feeds a whole recorded trace this way, the OTLP
+        receiver each run of a request's tool calls of one trace.
+
+        Args:
+            verdicts: when given, one entry is appended per call: the verdict in force after
+                it (what :meth:`verdict` would say then), or ``False`` for a second report of
+                an execution already counted (it changed nothing). The receiver's timeline
+                records each call's verdict from it.
         """
         if len(calls) != len(signatures):
             raise ConfigError("signatures", len(signatures), f"one per call ({len(calls)})")
@@ -385,6 +400,7 @@ class Engine:
         limits = self._limits
         seen_call = self._seen_call
         replace = msgspec.structs.replace
+        note = verdicts.append if verdicts is not None else None
         now = self._clock()
         with self._lock:
             run = self._run_for(trace_id, now)
@@ -397,6 +413,8 @@ class Engine:
                     attempt = seen_call(run, call_id, call.error_type is not None)
                     if attempt == 0:
                         stats.duplicate_calls += 1
+                        if note is not None:
+                            note(False)
                         continue
                     if attempt > 1:
                         stats.attempts += 1
@@ -408,6 +426,8 @@ class Engine:
                     state = run.state = RunState.new(policy)
                 previous = state.current
                 assessment = evaluate(state, call, policy, normalizer, signature=sig)
+                if note is not None:
+                    note(state.current)
                 repeated = (
                     assessment is None
                     and previous is not None

@@ -41,10 +41,10 @@ from tripwire.core.watch import Assessment
 from tripwire.engine import (
     Boundary,
     BudgetStopped,
+    Decision,
     Engine,
     ModelSpan,
     StillStuck,
-    ToolSpan,
     VerdictChanged,
 )
 from tripwire.prices import Pricer
@@ -124,7 +124,9 @@ class Rec(msgspec.Struct, omit_defaults=True, kw_only=True):
     exception_type: str | None = None
     service: str | None = None
     tool: ToolCall | None = None
-    """A tool call (its arguments dropped: ``key`` is their signature)."""
+    """A tool call. ``key`` is its arguments' signature: a record that leaves the process (the
+    Redis-state fleet's shared log) has the arguments dropped; in memory a record lives for
+    one request, and copying every call to drop them would cost more than it holds."""
     key: str | None = None
     """The call's signature key, 32 hex."""
     args_kind: str | None = None
@@ -340,7 +342,6 @@ class Fleet:
         signature = normalizer.signature
         stats = self.stats
         store_raw = self.store_raw
-        replace = msgspec.structs.replace
         records: list[tuple[str, Rec, Signature | None]] = []
         append = records.append
         resource: object = None
@@ -370,7 +371,7 @@ class Fleet:
             sig: Signature | None = None
             if isinstance(event, ToolCall):
                 sig = signature(event.tool, event.arguments)
-                rec.tool = replace(event, arguments=None)
+                rec.tool = event  # arguments and all: see Rec.tool
                 rec.key = f"{sig.key:032x}"
                 rec.args_kind = sig.kind._value_
                 if store_raw:
@@ -386,10 +387,104 @@ class Fleet:
     def _commit(
         self, records: list[tuple[str, Rec, Signature | None]], now: float, out: Outcome
     ) -> None:
-        """Apply records in order (the Redis-state fleet first appends them to the shared log)."""
-        apply = self._apply
-        for tid, rec, sig in records:
-            apply(tid, rec, now, out, sig)
+        """Apply records (the Redis-state fleet first appends them to the shared log).
+
+        Traces are independent, so each trace's records are applied together, in their order,
+        with the trace looked up once per run of tool calls and those fed to the engine as one
+        batch; the state reached (the fleet's and the engine's recency orders included) is the
+        one record-by-record application reaches. Only the order of the outcome's entries of
+        different traces differs. Records go one by one when the interleaving could matter:
+        when the fleet or the engine may have to evict a trace to make room, or when a trace
+        of the request has an engine run past its idle TTL (whether another trace's new run
+        sweeps it first decides the verdict its next transition says it came from).
+        """
+        groups = self._by_trace(records)
+        room = self.max_traces - len(groups)
+        engine = self.engine
+        one_by_one = len(self._traces) > room or len(engine) > room
+        if not one_by_one:
+            last_active = engine.last_active
+            expired = now - self.idle_ttl_s
+            for tid in groups:
+                last = last_active(tid)
+                if last is not None and last < expired:
+                    one_by_one = True
+                    break
+        apply = self._apply_all
+        if one_by_one:
+            for item in records:
+                apply(item[0], [item], now, out)
+            return
+        mixed = False
+        for tid, items in groups.items():
+            apply(tid, items, now, out)
+            if not mixed:
+                for item in items:
+                    if item[1].tool is None:
+                        mixed = True
+                        break
+        if mixed:
+            # The groups went in the order of the engine's last sight of each trace (see
+            # _by_trace); the fleet's own recency order counts every record that touched a
+            # trace: put the traces still held back in that order.
+            order: dict[str, None] = {}
+            pop = order.pop
+            for tid, rec, _sig in records:
+                if rec.tool is not None or rec.model is not None or rec.outer is not None:
+                    pop(tid, None)
+                    order[tid] = None
+            traces = self._traces
+            move = traces.move_to_end
+            for tid in order:
+                if tid in traces:
+                    move(tid)
+
+    def _by_trace(
+        self, records: list[tuple[str, Rec, Signature | None]]
+    ) -> dict[str, list[tuple[str, Rec, Signature | None]]]:
+        """Each trace's records in order, the traces in the order of their last record the
+        engine sees (a tool call, or with limits a model call): applied in that order, the
+        engine's runs end up in the order one-by-one application leaves them in."""
+        metered = self.engine.limits is not None and self.engine.limits.has_limits()
+        groups: dict[str, list[tuple[str, Rec, Signature | None]]] = {}
+        pop = groups.pop
+        get = groups.get
+        for item in records:
+            tid = item[0]
+            rec = item[1]
+            if rec.tool is not None or (metered and rec.model is not None):
+                group = pop(tid, None)
+                if group is not None:
+                    group.append(item)
+                    groups[tid] = group
+                    continue
+            else:
+                group = get(tid)
+                if group is not None:
+                    group.append(item)
+                    continue
+            groups[tid] = [item]
+        return groups
+
+    def _apply_all(
+        self, tid: str, items: list[tuple[str, Rec, Signature | None]], now: float, out: Outcome
+    ) -> None:
+        """Apply one trace's records in order: each run of plain tool calls (no root) in one
+        step, anything else one by one."""
+        n = len(items)
+        i = 0
+        while i < n:
+            rec = items[i][1]
+            if rec.tool is None or rec.root:
+                self._apply(tid, rec, now, out, items[i][2])
+                i += 1
+                continue
+            j = i + 1
+            while j < n and (nxt := items[j][1]).tool is not None and not nxt.root:
+                j += 1
+            trace = self._trace(tid, now, out)
+            self._tools(trace, tid, items[i:j] if i or j < n else items, now, out)
+            i = j
 
     def _apply(
         self, tid: str, rec: Rec, now: float, out: Outcome, sig: Signature | None = None
@@ -406,12 +501,15 @@ class Fleet:
                 self._end(tid, now, out, idle=False, root=rec)
             return
         trace = self._trace(tid, now, out)
+        if rec.tool is not None:
+            self._tools(trace, tid, [(tid, rec, sig)], now, out)
+            if rec.root:
+                self._end(tid, now, out, idle=False, root=rec)
+            return
         if rec.service and trace.service is None:
             trace.service = rec.service
         _widen(trace, rec)
-        if rec.tool is not None:
-            self._tool(trace, tid, rec, now, out, sig)
-        elif rec.model is not None:
+        if rec.model is not None:
             self._model(trace, tid, rec.model, now, out)
         elif rec.outer is not None:
             if rec.agent and (trace.agent is None or rec.outer):
@@ -442,62 +540,118 @@ class Fleet:
         """Make room: the least recently active trace's run is recorded as ended (idle)."""
         self._end(tid, now, out, idle=True)
 
-    def _tool(
-        self, trace: _Trace, tid: str, rec: Rec, now: float, out: Outcome, sig: Signature | None
+    def _tools(
+        self,
+        trace: _Trace,
+        tid: str,
+        items: list[tuple[str, Rec, Signature | None]],
+        now: float,
+        out: Outcome,
     ) -> None:
-        call = rec.tool
-        assert call is not None
-        if sig is None:
-            assert rec.key is not None and rec.args_kind is not None
-            sig = Signature(call.tool, int(rec.key, 16), ArgsKind(rec.args_kind))
+        """Apply consecutive tool-call records of one trace, the calls judged as one batch; each
+        signature is the one this process made, or is rebuilt from its record's key.
+
+        The trace's service and time span take in each record before that record's decisions
+        are acted on (the run rows they write are snapshots), the rest at the end."""
+        calls: list[ToolCall] = []
+        sigs: list[Signature] = []
+        for _tid, rec, sig in items:
+            call = rec.tool
+            assert call is not None
+            if sig is None:
+                assert rec.key is not None and rec.args_kind is not None
+                sig = Signature(call.tool, int(rec.key, 16), ArgsKind(rec.args_kind))
+            calls.append(call)
+            sigs.append(sig)
         engine = self.engine
-        stats = engine.stats
-        counted = stats.tool_calls
         previous = engine.verdict(tid)
         self._now = now
-        decisions = engine.observe(ToolSpan(trace_id=tid, call=call, signature=sig))
-        if stats.tool_calls == counted:
-            return  # a second report of one execution (the engine counts each call once)
-        trace.tool_calls += 1
-        out.judged_calls += 1
-        assessment = engine.verdict(tid)
-        trace.assessment = assessment
-        for decision in decisions:
+        after: list[Assessment | bool | None] = []
+        found = engine.observe_calls(tid, calls, sigs, verdicts=after)
+        k = 0
+        at = found[0][0] if found else -1
+        timeline = trace.timeline
+        room = MAX_CALLS_PER_RUN - len(timeline)
+        index = first = trace.tool_calls
+        absorbed = 0
+        assessment: Assessment | None = None
+        for i, verdict in enumerate(after):
+            if verdict is False:
+                continue  # a second report of one execution (the engine counts each call once)
+            assert verdict is not True
+            assessment = verdict
+            index += 1
+            if i == at:
+                _absorb(trace, items, absorbed, i + 1)
+                absorbed = i + 1
+                trace.tool_calls = index
+                trace.assessment = assessment
+                k = self._decide(trace, tid, found, k, previous, now, out)
+                at = found[k][0] if k < len(found) else -1
+            previous = assessment
+            if room > 0:
+                room -= 1
+                call = calls[i]
+                rec = items[i][1]
+                timeline.append(
+                    CallRow(
+                        trace_id=tid,
+                        call_index=index,
+                        tool=call.tool[:200],
+                        digest=rec.key,
+                        result_digest=call.result_digest[:32] if call.result_digest else None,
+                        error_type=call.error_type[:100] if call.error_type else None,
+                        attempt=call.attempt,
+                        progress=call.progress[:100] if call.progress else None,
+                        lease_owner=call.lease.owner[:200] if call.lease is not None else None,
+                        start_s=call.start_s,
+                        end_s=call.end_s,
+                        verdict=assessment.verdict._value_ if assessment is not None else None,
+                        raw=rec.raw,
+                    )
+                )
+        _absorb(trace, items, absorbed, len(items))
+        if index != first:
+            trace.tool_calls = index
+            trace.assessment = assessment
+            out.judged_calls += index - first
+            trace.dirty = True
+
+    def _decide(
+        self,
+        trace: _Trace,
+        tid: str,
+        found: list[tuple[int, Decision]],
+        k: int,
+        previous: Assessment | None,
+        now: float,
+        out: Outcome,
+    ) -> int:
+        """Act on the decisions one call of a batch brought: ``found[k]`` and those after it of
+        the same call (``found`` is in call order); the position of the next call's."""
+        at = found[k][0]
+        end = len(found)
+        while k < end and found[k][0] == at:
+            decision = found[k][1]
+            k += 1
             if isinstance(decision, VerdictChanged):
                 self._transition(trace, tid, decision.assessment, previous, now, out)
             elif isinstance(decision, StillStuck):
                 # It repeated after it was judged stuck: its flag goes up again if someone
                 # lowered it (nudge, then kill), without a new transition or page.
+                assessment = decision.assessment
                 out.kills.append(
                     Kill(
                         trace_id=tid,
-                        reason=stop_reason_for(decision.assessment.rule),
-                        message=decision.assessment.reason,
-                        assessment=decision.assessment,
+                        reason=stop_reason_for(assessment.rule),
+                        message=assessment.reason,
+                        assessment=assessment,
                         again=True,
                     )
                 )
             elif isinstance(decision, BudgetStopped) and not decision.tool_only:
                 self._budget(trace, tid, decision.stop, now, out)
-        if len(trace.timeline) < MAX_CALLS_PER_RUN:
-            trace.timeline.append(
-                CallRow(
-                    trace_id=tid,
-                    call_index=trace.tool_calls,
-                    tool=call.tool[:200],
-                    digest=sig.digest[:32],
-                    result_digest=call.result_digest[:32] if call.result_digest else None,
-                    error_type=call.error_type[:100] if call.error_type else None,
-                    attempt=call.attempt,
-                    progress=call.progress[:100] if call.progress else None,
-                    lease_owner=call.lease.owner[:200] if call.lease is not None else None,
-                    start_s=call.start_s,
-                    end_s=call.end_s,
-                    verdict=assessment.verdict._value_ if assessment is not None else None,
-                    raw=rec.raw,
-                )
-            )
-        trace.dirty = True
+        return k
 
     def _model(self, trace: _Trace, tid: str, call: ModelCall, now: float, out: Outcome) -> None:
         # The run record's counters (what the dashboard and the report show), priced always;
@@ -697,6 +851,28 @@ class Fleet:
             created_at=trace.created_at,
             updated_at=now,
         )
+
+
+def _absorb(trace: _Trace, items: list[tuple[str, Rec, Signature | None]], lo: int, hi: int) -> None:
+    """``_widen`` and the first service name, for the records ``items[lo:hi]`` in turn."""
+    if lo >= hi:
+        return
+    service = trace.service
+    start = trace.start_s
+    end = trace.end_s
+    for k in range(lo, hi):
+        rec = items[k][1]
+        if service is None and rec.service:
+            service = rec.service
+        at = rec.start
+        if at is not None and (start is None or at < start):
+            start = at
+        at = rec.end
+        if at is not None and (end is None or at > end):
+            end = at
+    trace.service = service
+    trace.start_s = start
+    trace.end_s = end
 
 
 def _widen(trace: _Trace, view: Rec) -> None:

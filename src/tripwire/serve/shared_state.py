@@ -71,9 +71,12 @@ class RedisFleet(Fleet):
     def _commit(
         self, records: list[tuple[str, Rec, Signature | None]], now: float, out: Outcome
     ) -> None:
-        groups: OrderedDict[str, list[tuple[Rec, Signature | None]]] = OrderedDict()
-        for tid, rec, sig in records:
-            groups.setdefault(tid, []).append((rec, sig))
+        replace = msgspec.structs.replace
+        for _tid, rec, _sig in records:
+            call = rec.tool
+            if call is not None and call.arguments is not None:
+                rec.tool = replace(call, arguments=None)  # the log holds digests only
+        groups = self._by_trace(records)
         if self.replaying:
             self._adopt_logged(groups, now, out)
             if not groups:
@@ -81,12 +84,12 @@ class RedisFleet(Fleet):
         pipe = self.client.pipeline(transaction=False)
         for tid, recs in groups.items():
             key = LOG_PREFIX + tid
-            pipe.rpush(key, *[_ENCODER.encode(r) for r, _ in recs])
+            pipe.rpush(key, *[_ENCODER.encode(r) for _, r, _ in recs])
             pipe.expire(key, self._ttl)
         answers = pipe.execute()
         lengths = answers[0::2]
         reads = self.client.pipeline(transaction=False)
-        plan: list[tuple[str, list[tuple[Rec, Signature | None]], int, bool]] = []
+        plan: list[tuple[str, list[tuple[str, Rec, Signature | None]], int, bool]] = []
         for (tid, recs), length in zip(groups.items(), lengths, strict=True):
             first_mine = int(length) - len(recs)
             # After a run's end the state is fresh, so a known cursor is always where to go
@@ -106,12 +109,11 @@ class RedisFleet(Fleet):
         for tid, recs, first_mine, fetch in plan:
             if fetch:
                 self._catch_up(tid, [_DECODER.decode(raw) for raw in next(fetched)], now)
-            for rec, sig in recs:
-                self._apply(tid, rec, now, out, sig)
+            self._apply_all(tid, recs, now, out)
             self._remember(tid, first_mine + len(recs))
 
     def _adopt_logged(
-        self, groups: OrderedDict[str, list[tuple[Rec, Signature | None]]], now: float, out: Outcome
+        self, groups: dict[str, list[tuple[str, Rec, Signature | None]]], now: float, out: Outcome
     ) -> None:
         """Replaying the spool: take out of ``groups`` the records the shared logs hold already.
 
@@ -135,19 +137,18 @@ class RedisFleet(Fleet):
             copies: dict[bytes, int] = {}
             for raw in logged:
                 copies[raw] = copies.get(raw, 0) + 1
-            fresh: list[tuple[Rec, Signature | None]] = []
-            for rec, sig in groups[tid]:
-                encoded = _ENCODER.encode(rec)
+            fresh: list[tuple[str, Rec, Signature | None]] = []
+            for item in groups[tid]:
+                encoded = _ENCODER.encode(item[1])
                 left = copies.get(encoded, 0)
                 if left:
                     copies[encoded] = left - 1
                 else:
-                    fresh.append((rec, sig))
+                    fresh.append(item)
             if len(fresh) == len(groups[tid]):
                 continue  # none of it was logged: the usual path
             self._traces.pop(tid, None)
-            for raw in logged:
-                self._apply(tid, _DECODER.decode(raw), now, out)
+            self._apply_all(tid, [(tid, _DECODER.decode(raw), None) for raw in logged], now, out)
             self._remember(tid, len(logged))
             if fresh:
                 groups[tid] = fresh
@@ -160,8 +161,7 @@ class RedisFleet(Fleet):
     def _catch_up(self, tid: str, recs: list[Rec], now: float) -> None:
         """Apply records other receivers appended: same state, but no writes and no actions."""
         scratch = Outcome()
-        for rec in recs:
-            self._apply(tid, rec, now, scratch)
+        self._apply_all(tid, [(tid, rec, None) for rec in recs], now, scratch)
         trace = self._traces.get(tid)
         if trace is not None:
             trace.dirty = False
