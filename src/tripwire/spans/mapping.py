@@ -584,12 +584,18 @@ def _tool_call(
             if result is not None:
                 break
         if result is not None:
-            stable, result_call_id = _unwrap_result(result)
-            if call_id is None:
-                call_id = result_call_id
-            error_type, attempt = _error_in_result(stable)
-            if not (isinstance(stable, str) and stable == "{}" and arguments is ABSENT):
-                result_digest = normalizer.result_digest(stable)
+            if type(result) is str and "_" not in result:
+                # Neither a ToolMessage nor an ADK retry response (both need an underscore):
+                # what _unwrap_result() and _error_in_result() return for it, without the calls.
+                if not (result == "{}" and arguments is ABSENT):
+                    result_digest = normalizer.result_digest(result)
+            else:
+                stable, result_call_id = _unwrap_result(result)
+                if call_id is None:
+                    call_id = result_call_id
+                error_type, attempt = _error_in_result(stable)
+                if not (isinstance(stable, str) and stable == "{}" and arguments is ABSENT):
+                    result_digest = normalizer.result_digest(stable)
 
         explicit = get("error.type")
         if explicit is not None:
@@ -764,12 +770,30 @@ def map_span(
         results.
     """
     attrs = view.attributes
-    if type(attrs) is not dict and not isinstance(attrs, Mapping):
+    event: ToolCall | ModelCall | RunBoundary | None
+    if type(attrs) is dict:
+        if attrs.get("gen_ai.operation.name") == "execute_tool":
+            # The common span (a GenAI tool span): what classify() and map_tool_span() would
+            # do, without their two calls; classify() tests this key first and ends there.
+            event = _tool_call(
+                attrs,
+                view.name,
+                view.start_s,
+                view.end_s,
+                (view.exception_type or "") if view.status_error else None,
+                normalizer,
+            )
+            if stats is not None:
+                if event is None:
+                    stats.malformed += 1
+                else:
+                    stats.tool_spans += 1
+            return event
+    elif not isinstance(attrs, Mapping):
         if stats is not None:
             stats.malformed += 1
         return None
     role = classify(attrs, view.name, view.parent_span_id)
-    event: ToolCall | ModelCall | RunBoundary | None
     if role is SpanRole.OTHER:
         if stats is not None:
             stats.other_spans += 1
