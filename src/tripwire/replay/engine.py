@@ -197,8 +197,10 @@ class _Collector:
         normalizer = self.normalizer
         stats = loaded.stats
         seq = self.seq
+        spans = 0
+        inf = float("inf")
         for view in views:
-            loaded.spans += 1
+            spans += 1
             builder = builders.get(view.trace_id)
             if builder is None:
                 builder = builders[view.trace_id] = _Builder()
@@ -213,8 +215,9 @@ class _Collector:
                 builder.span_ids.add(span_id)
             event = map_span(view, normalizer, stats)
             seq += 1
-            if isinstance(event, ToolCall):
-                entry = (_start_key(event.start_s), seq, event)
+            if type(event) is ToolCall:  # map_span makes exactly these types
+                start = event.start_s
+                entry = (start if start is not None else inf, seq, event)
                 call_id = event.call_id
                 if call_id is not None:
                     at = builder.by_call_id.get(call_id)
@@ -230,9 +233,10 @@ class _Collector:
                         continue
                     builder.by_call_id[call_id] = len(builder.calls)
                 builder.calls.append(entry)
-            elif isinstance(event, RunBoundary):
+            elif type(event) is RunBoundary:
                 builder.boundaries.append((_start_key(event.start_s), seq, event))
         self.seq = seq
+        loaded.spans += spans
 
     def add_batch(self, batch: FileBatch) -> None:
         self.loaded.files += 1
@@ -279,6 +283,8 @@ def _agent(boundaries: list[tuple[float, int, RunBoundary]]) -> str | None:
     """The agent name of the outermost run boundary (a root, or one whose parent is no run)."""
     if not boundaries:
         return None
+    if len(boundaries) == 1:  # what the general case gives for one boundary
+        return boundaries[0][2].agent or None
     ids = {b.span_id for _, _, b in boundaries}
     ordered = sorted(boundaries, key=lambda e: (e[0], e[1]))
     outer = [b for _, _, b in ordered if b.parent_span_id is None or b.parent_span_id not in ids]
