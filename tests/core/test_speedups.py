@@ -217,12 +217,12 @@ def compiled_and_python(tool: str, arguments: Any) -> bool:
     """The signature with the compiled leaf equals the one of the Python path (fresh
     normalizers: no cached text signature answers for either)."""
     compiled = Normalizer().signature(tool, arguments)
-    saved = signature_module._canonical
-    signature_module._canonical = None  # type: ignore[misc]
+    saved = signature_module._canonical, signature_module._canonical_json
+    signature_module._canonical = signature_module._canonical_json = None  # type: ignore[misc]
     try:
         python = Normalizer().signature(tool, arguments)
     finally:
-        signature_module._canonical = saved  # type: ignore[misc]
+        signature_module._canonical, signature_module._canonical_json = saved  # type: ignore[misc]
     assert compiled == python, (tool, arguments)
     return True
 
@@ -270,10 +270,14 @@ def test_the_signature_of_a_repeated_text_is_remembered_within_bounds() -> None:
 def test_the_module_uses_the_compiled_leaf_unless_told_not_to() -> None:
     assert watch.COMPILED is True
     assert signature_module._canonical is _speedups.canonical
-    code = "import tripwire.core.signature as s, tripwire.core.watch as w; print(s._canonical is None, w.COMPILED)"
+    assert signature_module._canonical_json is _speedups.canonical_text
+    code = (
+        "import tripwire.core.signature as s, tripwire.core.watch as w; "
+        "print(s._canonical is None, s._canonical_json is None, w.COMPILED)"
+    )
     env = {**os.environ, "TRIPWIRE_NO_EXTENSIONS": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True", "False"]
+    assert out.stdout.split() == ["True", "True", "False"]
 
 
 def test_the_leaf_helpers_leak_neither_memory_nor_references() -> None:
@@ -292,10 +296,18 @@ def test_the_leaf_helpers_leak_neither_memory_nor_references() -> None:
         for i in range(400)
     ]
 
-    decoded = [json.loads(attrs["gen_ai.tool.call.arguments"]) for attrs in spans]
+    texts = [attrs["gen_ai.tool.call.arguments"] for attrs in spans]
+    decoded = [json.loads(text) for text in texts]
+    order = tuple(keys)
+    long_text = json.dumps({f"k{i}": ["\u00e9" * 300, {"x": i}] for i in range(40)})  # buffers grow
 
     def run(n: int) -> None:
         for _ in range(n):
+            for text in texts:
+                _speedups.canonical_text(text, keys)
+                _speedups.canonical_text(text.encode(), order)
+            _speedups.canonical_text(long_text, order)
+            _speedups.canonical_text(long_text + ",", order)  # declined after the buffers grew
             for value in decoded:
                 _speedups.canonical(value, keys)
                 _speedups.volatile_free(value, keys, 100)

@@ -441,6 +441,11 @@ _canonical: Final = getattr(speedups(), "canonical", None)
 accelerator): ``(obj, volatile_keys) -> bytes``, or ``None`` for the values it leaves to the
 Python path (see ``_speedups.c``)."""
 
+_canonical_json: Final = getattr(speedups(), "canonical_text", None)
+"""The compiled ``_canonical(_decode_plain(text), volatile_keys)`` for ASCII JSON text (``None``
+without the accelerator): ``(text, volatile_keys) -> bytes``, read from the text with no Python
+object per value, or ``None`` for any text it leaves to the decoder (see ``_speedups.c``)."""
+
 MIN_KEY_BYTES: Final = 16
 """The shortest secret :class:`Normalizer` accepts as ``key``."""
 
@@ -484,6 +489,9 @@ class Normalizer:
     _needle_re_b: re.Pattern[bytes] = field(init=False, compare=False, repr=False)
     _escapes: tuple[str, ...] = field(init=False, compare=False, repr=False)
     _escapes_b: tuple[bytes, ...] = field(init=False, compare=False, repr=False)
+    _volatile_order: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    """:attr:`volatile_keys` as a tuple, for :data:`_canonical_json` (which reads a tuple's
+    items without iterating a set on every call)."""
     _text_signatures: dict[tuple[str, str], Signature] = field(init=False, compare=False, repr=False)
     """The signatures of recent argument texts, by (tool, text): an agent that repeats a call
     sends the same text again (see :data:`_TEXT_CACHE_MAX`)."""
@@ -534,6 +542,7 @@ class Normalizer:
         object.__setattr__(self, "_needle_re_b", re.compile(pattern.encode("utf-8", "surrogatepass")))
         object.__setattr__(self, "_escapes", tuple(escapes))
         object.__setattr__(self, "_escapes_b", tuple(e.encode() for e in escapes))
+        object.__setattr__(self, "_volatile_order", tuple(sorted(self.volatile_keys)))
         object.__setattr__(self, "_text_signatures", {})
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -692,18 +701,42 @@ class Normalizer:
             # is made of) sends the same text again: its signature is remembered.
             if type(tool) is str and len(arguments) <= _CACHED_TEXT_MAX:
                 cache = self._text_signatures
-                cached = cache.get((tool, arguments))
+                text_key = (tool, arguments)
+                cached = cache.get(text_key)
                 if cached is None:
-                    cached = self._text_signature(tool, arguments)
+                    # _text_signature(), its compiled pass inlined: a text that changes on
+                    # every call (a fresh request id) takes it.
+                    payload = (
+                        _canonical_json(arguments, self._volatile_order)
+                        if _canonical_json is not None and len(arguments) <= self.max_bytes
+                        else None
+                    )
+                    if payload is None:
+                        cached = self._decoded_text_signature(tool, arguments)
+                    else:
+                        seed = _JSON_SEEDS.get(tool)  # _seed(tool, _JSON), inlined
+                        if seed is None:
+                            seed = _seed(tool, _JSON)
+                        cached = Signature(tool, self._hash128(payload, seed), _JSON)
                     if len(cache) >= _TEXT_CACHE_MAX:
                         cache.clear()  # a pure cache: bounded, and correct when emptied
-                    cache[tool, arguments] = cached
+                    cache[text_key] = cached
                 return cached
             return self._text_signature(tool, arguments)
         return self._signature(tool, *self.canonical(arguments))
 
     def _text_signature(self, tool: str, arguments: str) -> Signature:
         """The signature of ``tool`` called with the argument text ``arguments`` (uncached)."""
+        if _canonical_json is not None and len(arguments) <= self.max_bytes:
+            # ASCII JSON text to its canonical bytes in one compiled pass: no decoded value.
+            # (Its bytes are those of _canonical below; None sends the text down that path.)
+            payload = _canonical_json(arguments, self._volatile_order)
+            if payload is not None:
+                return Signature(tool, self._hash128(payload, _seed(tool, _JSON)), _JSON)
+        return self._decoded_text_signature(tool, arguments)
+
+    def _decoded_text_signature(self, tool: str, arguments: str) -> Signature:
+        """:meth:`_text_signature` for text the compiled pass leaves to the JSON decoder."""
         # The steps of _canonical_text, minus a few calls and, for ASCII text (whose length is
         # its size in bytes), minus the copy to bytes: msgspec reads the str in place.
         if (
@@ -881,6 +914,10 @@ class Normalizer:
         if not raw or raw[0] not in _JSON_FIRST:
             # Not JSON (most free text starts with a letter other than t/f/n): skip the parser.
             return _TEXT, raw
+        if _canonical_json is not None:
+            payload = _canonical_json(raw, self._volatile_order)
+            if payload is not None:  # the bytes of the steps below, without decoding
+                return _JSON, payload
         try:
             obj = _decode_json(raw)
         except (msgspec.DecodeError, RecursionError, ValueError):
