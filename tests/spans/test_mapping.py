@@ -712,3 +712,11 @@ def test_integer_attributes_that_only_look_like_digits_are_ignored(value: str, e
         view("running tool", {"gen_ai.tool.name": "t", "pydantic_ai.tool.retry.attempt": value})
     )
     assert call is not None and call.attempt == expected
+
+
+@pytest.mark.parametrize("value", [{"kind": "execute_tool"}, ["execute_tool"], 3, b"execute_tool"])
+def test_an_operation_name_that_is_not_text_classifies_as_other(value: object) -> None:
+    # A kvlist or array attribute decodes to a dict or a list: unhashable, it once raised
+    # TypeError out of classify (and out of map_span) instead of naming the span "other".
+    attributes = {"gen_ai.operation.name": value, "gen_ai.tool.name": "search"}
+    assert classify(attributes, "execute_tool search") is SpanRole.OTHER

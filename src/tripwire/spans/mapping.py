@@ -252,7 +252,7 @@ def classify(
         return SpanRole.OTHER
     get = attributes.get
     op = get("gen_ai.operation.name")
-    if op is not None:
+    if isinstance(op, str):  # a list or kvlist value is unhashable: no set test for it
         if op in _GENAI_TOOL_OPS:
             return SpanRole.TOOL
         if op in _GENAI_MODEL_OPS:
