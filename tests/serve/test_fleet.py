@@ -206,3 +206,18 @@ def test_the_row_written_at_a_transition_is_the_run_as_it_was_at_that_call() -> 
     at_stuck, ended = out.urgent.runs
     assert (at_stuck.status, at_stuck.verdict, at_stuck.tool_calls, at_stuck.duration_s) == ("running", "stuck", 4, 3.5)
     assert (ended.status, ended.tool_calls, ended.duration_s) == ("ended", 6, 1001.0)
+
+
+def test_the_rows_built_by_position_have_each_value_in_its_field() -> None:
+    # The fleet builds RunRow and CallRow by position (cheaper): every field must get its value.
+    fleet = Fleet(reorder_s=0)
+    out = fleet.process([_tool(0, error=True, result="boom"), _model(1, tokens=7)], now=3.0)
+    (call,) = out.routine.calls
+    assert (call.trace_id, call.call_index, call.tool, call.error_type, call.verdict) == (TID, 1, "search_docs", "TimeoutError", "working")
+    assert len(call.digest or "") == 32 and call.result_digest is not None and call.raw is None
+    assert (call.start_s, call.end_s) == (1000.0, 1000.5)
+    (run,) = out.routine.runs
+    assert (run.trace_id, run.status, run.verdict, run.steps, run.tool_calls, run.input_tokens, run.output_tokens) == (TID, "running", "working", 1, 1, 7, 10)
+    assert (run.health, run.killed, run.receipt, run.ended_at, run.created_at, run.updated_at) == (None, False, None, None, 3.0, 3.0)
+    assert run.duration_s == 1000.5 - 1000.0 and run.cost_usd is not None and run.cost_usd > 0
+    assert run.policy_version == fleet.policy.version and run.normalizer_version == fleet.normalizer.version

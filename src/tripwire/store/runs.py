@@ -189,13 +189,14 @@ class VerdictRow:
     normalizer_version: str | None = None
 
 
-class CallRow(msgspec.Struct, kw_only=True, gc=False):
+class CallRow(msgspec.Struct, gc=False):
     """One tool call of a run's timeline (digests only, unless the store keeps raw arguments).
 
     A ``msgspec.Struct`` (``__struct_fields__`` in declaration order): the receiver builds
     one per tool call it judges, and a Struct's ``__init__`` (in C) costs a quarter of a slotted
-    dataclass's with these thirteen keywords. Untracked by the garbage collector: it holds only
-    strings and numbers, so it can be in no cycle.
+    dataclass's with these thirteen keywords, half that again with them passed by position
+    (as the receiver does: it must follow any change of the fields' order). Untracked by the
+    garbage collector: it holds only strings and numbers, so it can be in no cycle.
     """
 
     trace_id: str
@@ -213,9 +214,14 @@ class CallRow(msgspec.Struct, kw_only=True, gc=False):
     raw: str | None = None
 
 
-@dataclass(slots=True, kw_only=True)
-class RunRow:
-    """One run: DESIGN.md's columns plus what the dashboard and the kill channel need."""
+class RunRow(msgspec.Struct):
+    """One run: DESIGN.md's columns plus what the dashboard and the kill channel need.
+
+    A ``msgspec.Struct`` (``__struct_fields__`` in declaration order): the receiver builds one
+    per run and request. Build it with keywords; the receiver passes all of them by position,
+    in this order (it must follow any change here), because matching 26 keywords costs six
+    times the rest of the Struct's ``__init__`` (12.7k instructions against 2.1k).
+    """
 
     trace_id: str
     agent: str | None = None
@@ -247,8 +253,7 @@ class RunRow:
 
     def as_json(self) -> dict[str, Any]:
         """The run as the ``/api/runs`` JSON object."""
-        out = {name: getattr(self, name) for name in self.__slots__}
-        return out
+        return {name: getattr(self, name) for name in self.__struct_fields__}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
