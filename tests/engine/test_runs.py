@@ -112,20 +112,20 @@ def test_attempts_after_an_error_are_separate_calls_with_attempt_numbers() -> No
     engine = Engine(clock=Clock())
     import tripwire.engine._engine as module
 
-    real = module.evaluate
+    real = module.evaluate_hashed
 
     def spy(state, call, *a, **kw):  # type: ignore[no-untyped-def]
         seen.append(call)
         return real(state, call, *a, **kw)
 
-    module.evaluate = spy  # type: ignore[assignment]
+    module.evaluate_hashed = spy  # type: ignore[assignment]
     try:
         engine.observe(tool(call_id="c", error="TimeoutError"))
         engine.observe(tool(call_id="c", error="TimeoutError"))
         engine.observe(tool(call_id="c"))  # the third attempt succeeds
         engine.observe(tool(call_id="c"))  # a duplicate report of the successful execution
     finally:
-        module.evaluate = real  # type: ignore[assignment]
+        module.evaluate_hashed = real  # type: ignore[assignment]
     assert [c.attempt for c in seen] == [None, 2, 3]
     assert (engine.stats.tool_calls, engine.stats.attempts, engine.stats.duplicate_calls) == (3, 2, 1)
 

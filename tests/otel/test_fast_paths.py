@@ -223,13 +223,13 @@ def test_a_name_that_is_not_a_string_takes_the_general_path(name: Any) -> None:
 
 def _captured_calls(monkeypatch: pytest.MonkeyPatch) -> list[ToolCall]:
     calls: list[ToolCall] = []
-    real = engine_module.evaluate
+    real = engine_module.evaluate_hashed
 
     def spy(state: Any, call: ToolCall, *a: Any, **kw: Any) -> Any:
         calls.append(call)
         return real(state, call, *a, **kw)
 
-    monkeypatch.setattr(engine_module, "evaluate", spy)
+    monkeypatch.setattr(engine_module, "evaluate_hashed", spy)
     return calls
 
 

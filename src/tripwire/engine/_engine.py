@@ -16,7 +16,7 @@ from tripwire.core.events import ModelCall, ToolCall
 from tripwire.core.policy import DEFAULT_POLICY, KeyMode, LoopPolicy
 from tripwire.core.reasons import Verdict
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, Signature
-from tripwire.core.watch import Assessment, RunState, evaluate
+from tripwire.core.watch import Assessment, RunState, evaluate_hashed
 from tripwire.engine._values import (
     Boundary,
     BudgetStopped,
@@ -298,7 +298,11 @@ class Engine:
             if state is None:
                 state = run.state = RunState.new(self.policy)
             previous = state.current
-            assessment = evaluate(state, call, self.policy, normalizer, signature=sig)
+            digest = call.result_digest  # evaluate()'s result hash, inline: one call less
+            assessment = evaluate_hashed(
+                state, call, sig, (hash(digest) or 1) if digest is not None else 0,
+                self.policy, normalizer, None,
+            )
             repeated = (
                 assessment is None
                 and previous is not None
@@ -425,7 +429,11 @@ class Engine:
                 if state is None:
                     state = run.state = RunState.new(policy)
                 previous = state.current
-                assessment = evaluate(state, call, policy, normalizer, signature=sig)
+                digest = call.result_digest  # as in _tool
+                assessment = evaluate_hashed(
+                    state, call, sig, (hash(digest) or 1) if digest is not None else 0,
+                    policy, normalizer, None,
+                )
                 if note is not None:
                     note(state.current)
                 repeated = (
