@@ -19,32 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from compiled_only import speedups_or_skip
 from tripwire.core import signature as signature_module
 from tripwire.core import watch
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
 
-try:
-    from tripwire.core import _speedups
-except ImportError:  # pragma: no cover - depends on the build
-    _speedups = None  # type: ignore[assignment]
-
-if os.environ.get("TRIPWIRE_NO_EXTENSIONS", "").strip() not in ("", "0"):
-    pytest.skip(
-        "SKIPPED LOUDLY: TRIPWIRE_NO_EXTENSIONS is set, so the compiled accelerator is not in "
-        "use; only the Python reference was tested",
-        allow_module_level=True,
-    )
-if _speedups is None:
-    if os.environ.get("CI", "").lower() == "true":
-        raise RuntimeError(
-            "tripwire.core._speedups was not built: the install must compile "
-            "src/tripwire/core/_speedups.c (is a C compiler missing?)"
-        )
-    pytest.skip(
-        "SKIPPED LOUDLY: the compiled accelerator tripwire.core._speedups is not built "
-        "(pip install -e . needs a C compiler); only the Python reference was tested",
-        allow_module_level=True,
-    )
+_speedups = speedups_or_skip()
 
 
 def bytes_kept(run: Any) -> int:

@@ -775,20 +775,17 @@ def map_span(
         if attrs.get("gen_ai.operation.name") == "execute_tool":
             # The common span (a GenAI tool span): what classify() and map_tool_span() would
             # do, without their two calls; classify() tests this key first and ends there.
-            event = _tool_call(
-                attrs,
-                view.name,
-                view.start_s,
-                view.end_s,
-                (view.exception_type or "") if view.status_error else None,
-                normalizer,
+            return _counted_tool(
+                _tool_call(
+                    attrs,
+                    view.name,
+                    view.start_s,
+                    view.end_s,
+                    (view.exception_type or "") if view.status_error else None,
+                    normalizer,
+                ),
+                stats,
             )
-            if stats is not None:
-                if event is None:
-                    stats.malformed += 1
-                else:
-                    stats.tool_spans += 1
-            return event
     elif not isinstance(attrs, Mapping):
         if stats is not None:
             stats.malformed += 1
@@ -799,13 +796,7 @@ def map_span(
             stats.other_spans += 1
         return None
     if role is SpanRole.TOOL:
-        event = map_tool_span(view, normalizer)
-        if stats is not None:
-            if event is None:
-                stats.malformed += 1
-            else:
-                stats.tool_spans += 1
-        return event
+        return _counted_tool(map_tool_span(view, normalizer), stats)
     if role is SpanRole.MODEL:
         event = map_model_span(view)
         if stats is not None:
@@ -817,6 +808,16 @@ def map_span(
     event = map_run_span(view)
     if stats is not None:
         stats.run_spans += 1
+    return event
+
+
+def _counted_tool(event: ToolCall | None, stats: MappingStats | None) -> ToolCall | None:
+    """``event``, a tool span's mapping, counted in ``stats`` (``None``: a malformed span)."""
+    if stats is not None:
+        if event is None:
+            stats.malformed += 1
+        else:
+            stats.tool_spans += 1
     return event
 
 
