@@ -179,3 +179,26 @@ def test_huge_tool_names_are_never_kept_by_the_module_caches() -> None:
     for cache in caches:
         assert len(cache) <= signature_module._SEEDS_MAX
         assert all(len(name) <= signature_module._CACHED_NAME_MAX for name in cache)
+    # The normalizer's own cache of argument texts is keyed by the tool name too.
+    text_cache = DEFAULT_NORMALIZER._text_signatures
+    assert all(len(tool) <= signature_module._CACHED_NAME_MAX for tool, _ in text_cache)
+
+
+def test_the_argument_text_cache_is_bounded_in_bytes_for_non_ascii_text() -> None:
+    """Texts of as many characters as the cache takes, but four bytes each (emoji), are not
+    kept: the bound is on the string's storage, not on its length in characters."""
+    normalizer = Normalizer()
+    cache = normalizer._text_signatures
+    limit = signature_module._CACHED_TEXT_MAX
+    wide = '{"q": "' + "😀" * (limit - 20) + '"}'
+    normalizer.signature("search_docs", wide)
+    assert ("search_docs", wide) not in cache
+    ascii_text = '{"q": "' + "x" * (limit - 20) + '"}'
+    narrow = '{"q": "' + "é" * (limit // 4 - 20) + '"}'
+    sig = normalizer.signature("search_docs", ascii_text)
+    normalizer.signature("search_docs", narrow)
+    assert ("search_docs", ascii_text) in cache and ("search_docs", narrow) in cache
+    assert normalizer.signature("search_docs", wide) == normalizer._text_signature("search_docs", wide)
+    assert normalizer.signature("search_docs", ascii_text) is sig
+    kept = sum(sys.getsizeof(text) + sys.getsizeof(tool) for tool, text in cache)
+    assert kept <= len(cache) * (limit + 1024 + 100)

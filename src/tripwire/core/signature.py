@@ -396,8 +396,10 @@ _TEXT_CACHE_MAX: Final = 512
 """Signatures of argument text each :class:`Normalizer` remembers (a pure cache keyed by the
 exact tool name and text: emptied when full, correct when empty)."""
 _CACHED_TEXT_MAX: Final = 2048
-"""Argument texts longer than this (in characters) are never cached: a cache holds at most
-``_TEXT_CACHE_MAX`` texts of at most this many characters (1 MiB), whatever the input."""
+"""Argument texts longer than this (in bytes of the string's storage: characters for ASCII
+text, up to four bytes each otherwise) are never cached, nor a call whose tool name is longer
+than :data:`_CACHED_NAME_MAX`: a cache holds at most ``_TEXT_CACHE_MAX`` texts of at most this
+many bytes and names of at most 1 KiB (about 1.5 MiB), whatever the input."""
 _JSON_SEEDS: Final[dict[str, int]] = {}
 _TEXT_SEEDS: Final[dict[str, int]] = {}
 _RAW_SEEDS: Final[dict[str, int]] = {}
@@ -699,7 +701,12 @@ class Normalizer:
         elif t is str:
             # A JSON string, as traces and LLMs give arguments. A repeated call (what a loop
             # is made of) sends the same text again: its signature is remembered.
-            if type(tool) is str and len(arguments) <= _CACHED_TEXT_MAX:
+            size = len(arguments)
+            if (
+                type(tool) is str
+                and len(tool) <= _CACHED_NAME_MAX
+                and (size <= _CACHED_TEXT_MAX // 4 or (size <= _CACHED_TEXT_MAX and arguments.isascii()))
+            ):
                 cache = self._text_signatures
                 text_key = (tool, arguments)
                 cached = cache.get(text_key)
