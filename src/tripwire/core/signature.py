@@ -400,6 +400,19 @@ _CACHED_TEXT_MAX: Final = 2048
 text, up to four bytes each otherwise) are never cached, nor a call whose tool name is longer
 than :data:`_CACHED_NAME_MAX`: a cache holds at most ``_TEXT_CACHE_MAX`` texts of at most this
 many bytes and names of at most 1 KiB (about 1.5 MiB), whatever the input."""
+
+
+def _remember(cache: dict[tuple[str, str], Signature], key: tuple[str, str], sig: Signature) -> None:
+    """Keep ``sig`` for the (tool, argument text) ``key`` unless that would take too many bytes: a
+    tool name above :data:`_CACHED_NAME_MAX`, or text of wide characters above a quarter of
+    :data:`_CACHED_TEXT_MAX` (the caller has checked the text's length in characters)."""
+    tool, text = key
+    if len(tool) <= _CACHED_NAME_MAX and (text.isascii() or 4 * len(text) <= _CACHED_TEXT_MAX):
+        if len(cache) >= _TEXT_CACHE_MAX:
+            cache.clear()  # a pure cache: bounded, and correct when emptied
+        cache[key] = sig
+
+
 _JSON_SEEDS: Final[dict[str, int]] = {}
 _TEXT_SEEDS: Final[dict[str, int]] = {}
 _RAW_SEEDS: Final[dict[str, int]] = {}
@@ -701,33 +714,27 @@ class Normalizer:
         elif t is str:
             # A JSON string, as traces and LLMs give arguments. A repeated call (what a loop
             # is made of) sends the same text again: its signature is remembered.
-            size = len(arguments)
-            if (
-                type(tool) is str
-                and len(tool) <= _CACHED_NAME_MAX
-                and (size <= _CACHED_TEXT_MAX // 4 or (size <= _CACHED_TEXT_MAX and arguments.isascii()))
-            ):
+            if type(tool) is str and len(arguments) <= _CACHED_TEXT_MAX:
                 cache = self._text_signatures
                 text_key = (tool, arguments)
                 cached = cache.get(text_key)
-                if cached is None:
-                    # _text_signature(), its compiled pass inlined: a text that changes on
-                    # every call (a fresh request id) takes it.
-                    payload = (
-                        _canonical_json(arguments, self._volatile_order)
-                        if _canonical_json is not None and len(arguments) <= self.max_bytes
-                        else None
-                    )
-                    if payload is None:
-                        cached = self._decoded_text_signature(tool, arguments)
-                    else:
-                        seed = _JSON_SEEDS.get(tool)  # _seed(tool, _JSON), inlined
-                        if seed is None:
-                            seed = _seed(tool, _JSON)
-                        cached = Signature(tool, self._hash128(payload, seed), _JSON)
-                    if len(cache) >= _TEXT_CACHE_MAX:
-                        cache.clear()  # a pure cache: bounded, and correct when emptied
-                    cache[text_key] = cached
+                if cached is not None:
+                    return cached
+                # _text_signature(), its compiled pass inlined: a text that changes on every
+                # call (a fresh request id) takes it.
+                payload = (
+                    _canonical_json(arguments, self._volatile_order)
+                    if _canonical_json is not None and len(arguments) <= self.max_bytes
+                    else None
+                )
+                if payload is None:
+                    cached = self._decoded_text_signature(tool, arguments)
+                else:
+                    seed = _JSON_SEEDS.get(tool)  # _seed(tool, _JSON), inlined
+                    if seed is None:
+                        seed = _seed(tool, _JSON)
+                    cached = Signature(tool, self._hash128(payload, seed), _JSON)
+                _remember(cache, text_key, cached)
                 return cached
             return self._text_signature(tool, arguments)
         return self._signature(tool, *self.canonical(arguments))
