@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tripwire.store.runs import RunStore
 
@@ -21,10 +22,19 @@ REDIS_URL = os.environ.get("TRIPWIRE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"
 TOKEN = "spool-redis-token-0123456789ab"
 
 
-def test_a_replayed_request_already_in_the_shared_log_counts_once(tmp_path: Path, redis_client: Any) -> None:
+@pytest.mark.parametrize(
+    "second_key",
+    [None, "a-new-fleet-digest-key-0123456789"],
+    ids=["same-key", "restarted-with-another-digest-key"],
+)
+def test_a_replayed_request_already_in_the_shared_log_counts_once(
+    tmp_path: Path, redis_client: Any, second_key: str | None
+) -> None:
     # Three identical calls, no root span: the run goes on, and three calls are not a loop
     # (the fourth would be). Counted twice, they would be six, and the run judged stuck. No
     # call ids (a hand-written loop): the engine's call-id memory cannot tell copies apart.
+    # Restarted with another digest key, the replay makes records of other digests from the
+    # same spans: they are still known by their span ids.
     spans = [s for s in loop_spans(3, call_ids=False) if s.parent is not None]
     trace_id = trace_id_of(spans)
     db = tmp_path / "runs.db"
@@ -46,7 +56,8 @@ def test_a_replayed_request_already_in_the_shared_log_counts_once(tmp_path: Path
         stop(proc, kill=True)  # within the spool's segment time: the request is still spooled
     try:
         assert proc.returncode == -9
-        proc = serve_process(args, env=env, stderr=tmp_path / "serve.log")
+        second_env = env if second_key is None else {**env, "TRIPWIRE_DIGEST_KEY": second_key}
+        proc = serve_process(args, env=second_env, stderr=tmp_path / "serve.log")
         try:
             wait_ready(port, proc)
             deadline = time.monotonic() + 10

@@ -139,6 +139,9 @@ class Rec(msgspec.Struct, omit_defaults=True, kw_only=True):
     """For a run boundary: True when it is the trace's outermost (no parent)."""
     idle: bool = False
     """For ``END``: the run ended by going quiet, not with its root span."""
+    span: str | None = None
+    """The span's id (16 hex): what tells a replayed span from a new one (see
+    :meth:`~tripwire.serve.shared_state.RedisFleet._adopt_logged`)."""
 
     @property
     def start_s(self) -> float | None:
@@ -367,6 +370,7 @@ class Fleet:
                 failed=view.status_error,
                 exception_type=exception_type,
                 service=service,
+                span=view.span_id or None,
             )
             sig: Signature | None = None
             if isinstance(event, ToolCall):

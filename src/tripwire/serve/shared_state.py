@@ -120,12 +120,15 @@ class RedisFleet(Fleet):
         A request the previous life of this receiver accepted was appended to its traces' logs
         before the 200, and may have been judged and written too; appended again, each of its
         calls would count twice (twice as many identical calls: a false loop). A record is
-        known by its encoding (the same span makes the same record), matched once per copy in
-        the log. A trace whose log holds some of the request's records is rebuilt from its
-        whole log with every record applied as this receiver's own: whatever the dead process
-        did not write gets written now, and what it did write is written again as the same
-        rows (runs and calls are upserts, verdict rows and alerts are deduplicated), so nothing
-        is lost and nothing counts twice. The rest of the request goes on as new records.
+        known by its span's id, matched once per copy in the log; a record without one (a
+        span with an empty id, or a log written before records carried it) by its encoding.
+        Not by the encoding alone: a receiver restarted with another digest key or normalizer
+        makes other records of the same spans. A trace whose log holds some of the request's
+        records is rebuilt from its whole log with every record applied as this receiver's
+        own: whatever the dead process did not write gets written now, and what it did write
+        is written again as the same rows (runs and calls are upserts, verdict rows and alerts
+        are deduplicated), so nothing is lost and nothing counts twice. The rest of the request
+        goes on as new records.
         """
         reads = self.client.pipeline(transaction=False)
         tids = list(groups)
@@ -134,21 +137,23 @@ class RedisFleet(Fleet):
         for tid, logged in zip(tids, reads.execute(), strict=True):
             if not logged:
                 continue
-            copies: dict[bytes, int] = {}
-            for raw in logged:
-                copies[raw] = copies.get(raw, 0) + 1
+            decoded = [_DECODER.decode(raw) for raw in logged]
+            copies: dict[str | bytes, int] = {}
+            for raw, rec in zip(logged, decoded, strict=True):
+                known = rec.span or raw
+                copies[known] = copies.get(known, 0) + 1
             fresh: list[tuple[str, Rec, Signature | None]] = []
             for item in groups[tid]:
-                encoded = _ENCODER.encode(item[1])
-                left = copies.get(encoded, 0)
+                known = item[1].span or _ENCODER.encode(item[1])
+                left = copies.get(known, 0)
                 if left:
-                    copies[encoded] = left - 1
+                    copies[known] = left - 1
                 else:
                     fresh.append(item)
             if len(fresh) == len(groups[tid]):
                 continue  # none of it was logged: the usual path
             self._traces.pop(tid, None)
-            self._apply_all(tid, [(tid, _DECODER.decode(raw), None) for raw in logged], now, out)
+            self._apply_all(tid, [(tid, rec, None) for rec in decoded], now, out)
             self._remember(tid, len(logged))
             if fresh:
                 groups[tid] = fresh
