@@ -1,10 +1,10 @@
 """Builds the optional compiled leaf helpers: the signature's, ``src/tripwire/core/_speedups.c``,
-the result digest's mask, ``src/tripwire/core/_resultmask.c``, and the OTLP wire scanner,
-``src/tripwire/spans/_otlpscan.c``.
+the result digest's mask, ``src/tripwire/core/_resultmask.c``, the OTLP wire scanner,
+``src/tripwire/spans/_otlpscan.c``, and the OTLP/JSON fast path, ``src/tripwire/spans/_otlpjson.c``.
 
 Everything else about the package is in pyproject.toml. Without a C compiler, or if a build
 fails, tripwire installs anyway and runs their pure-Python twins (``tripwire/core/signature.py``,
-``tripwire/spans/_wire.py``): the same signatures, spans and verdicts, slower per call. Set
+``tripwire/spans/_wire.py``, the msgspec decoder of ``tripwire/spans/otlp.py``): the same signatures, spans and verdicts, slower per call. Set
 ``TRIPWIRE_NO_EXTENSIONS=1`` to skip the build (and, at run time, to ignore a built one).
 """
 
@@ -48,6 +48,7 @@ setup(
         Extension("tripwire.core._speedups", ["src/tripwire/core/_speedups.c"], optional=True),
         Extension("tripwire.core._resultmask", ["src/tripwire/core/_resultmask.c"], optional=True),
         Extension("tripwire.spans._otlpscan", ["src/tripwire/spans/_otlpscan.c"], optional=True),
+        Extension("tripwire.spans._otlpjson", ["src/tripwire/spans/_otlpjson.c"], optional=True),
     ],
     cmdclass={"bdist_wheel": PureUnlessBuilt},
 )

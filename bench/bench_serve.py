@@ -3,7 +3,8 @@
 Prints, in one run, spans per second for:
 
 1. decode only (the plain receiver: the OTLP decoder of ``tripwire.spans.otlp``, its compiled
-   wire scanner for protobuf unless ``TRIPWIRE_NO_EXTENSIONS=1``, msgspec for JSON) and
+   wire scanner for protobuf and its compiled fast path for JSON unless
+   ``TRIPWIRE_NO_EXTENSIONS=1``, else the Python twin and msgspec) and
    decode + detection (the fleet: mapping, signatures, the loop watcher, run records) on
    batches of 512 GenAI tool spans in 64 traces, no HTTP; targets 150,000 spans/s (protobuf)
    and 130,000 spans/s (JSON) per core;
@@ -253,13 +254,14 @@ def main() -> None:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="Redis for the Redis-state run")
     args = parser.parse_args()
     from tripwire.serve.otlp import protobuf_backend
-    from tripwire.spans.otlp import scanner
+    from tripwire.spans.otlp import _JSON_SCAN, scanner
 
     bodies = [_request(seed) for seed in range(args.batches)]
     jbodies = [_json(b) for b in bodies]
     scan = scanner()
+    json_reader = "the compiled fast path" if _JSON_SCAN is not None else "msgspec"
     print(f"protobuf scanner: {scan.__module__}.{scan.__name__} (protobuf backend: {protobuf_backend()}); "
-          f"{args.batches} requests of 512 GenAI tool spans, 64 traces each")
+          f"JSON: {json_reader}; {args.batches} requests of 512 GenAI tool spans, 64 traces each")
     print(f"{'case':44} {'plain (decode)':>16} {'tripwire':>12} {'target':>9}")
     for label, kind, data, target in (
         ("protobuf: decode + detection, no HTTP", "application/x-protobuf", bodies, TARGET_PB),

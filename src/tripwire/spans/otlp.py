@@ -10,7 +10,10 @@ Protobuf is read by a wire scanner, not decoded into messages: the compiled
 ``tripwire.spans._otlpscan`` when it was built (a stateless leaf, like the signature's
 accelerator), else its Python twin :mod:`tripwire.spans._wire` (``TRIPWIRE_NO_EXTENSIONS=1``
 selects the twin). Both follow the same rules, listed in :mod:`tripwire.spans._wire`. JSON is
-decoded by msgspec into structs of the protobuf JSON mapping.
+decoded by msgspec into structs of the protobuf JSON mapping; when it was built, the compiled
+``tripwire.spans._otlpjson`` reads first the requests it can read exactly as msgspec does (hex
+ids, times as plain nanoseconds, every field once and of its type: what exporters send) in one
+pass, converting only the wanted attributes, and hands every other request to msgspec.
 
 Values: strings, ints (OTLP/JSON's quoted ints too), floats, bools, ``bytes``, arrays as
 ``tuple`` (as the SDK holds them) and kvlists as ``dict``; arrays and kvlists nested deeper than
@@ -263,6 +266,19 @@ class _Request(_Base):
     resource_spans: list[_ResourceSpans] | msgspec.UnsetType = msgspec.UNSET
 
 
+def _json_scanner() -> Any:
+    """The compiled OTLP/JSON fast path (``_otlpjson.scan``), or ``None`` (not built, or
+    ``TRIPWIRE_NO_EXTENSIONS=1``): then every request takes the msgspec decoder below."""
+    if os.environ.get("TRIPWIRE_NO_EXTENSIONS", "").strip() not in ("", "0"):
+        return None
+    try:
+        from tripwire.spans import _otlpjson
+    except ImportError:
+        return None
+    return _otlpjson.scan
+
+
+_JSON_SCAN: Final = _json_scanner()
 _DECODER: Final = msgspec.json.Decoder(_Request)
 _MAX_NANOS: Final = 1 << 64
 _BOM: Final = b"\xef\xbb\xbf"
@@ -580,6 +596,16 @@ def decode_json(body: bytes) -> Decoded:
     """
     if body[:3] == _BOM:
         body = body[3:]
+    if _JSON_SCAN is not None:
+        # One compiled pass for a request it can read exactly as below (hex ids, plain times,
+        # no field twice...); None hands anything else, errors included, to the decoder.
+        entries = _JSON_SCAN(body, _PREFIX_BYTES, _KEY_BYTES, MAX_DEPTH)
+        if entries is not None:
+            fast = Decoded()
+            make = DecodedSpan
+            views: list[Any] = fast.views  # read as SpanView (see DecodedSpan)
+            views += [make(*entry) for entry in entries]
+            return fast
     try:
         req = _DECODER.decode(body)
     except (msgspec.DecodeError, RecursionError) as exc:
