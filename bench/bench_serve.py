@@ -232,6 +232,20 @@ def _plain_server(port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
+def _forget_bench_traces(url: str) -> None:
+    """Delete the shared logs of the bench's own traces (``_request``'s trace ids 1 to 64), and
+    nothing else of that Redis."""
+    import redis
+
+    from tripwire.serve.shared_state import LOG_PREFIX
+
+    client = redis.Redis.from_url(url)
+    try:
+        client.delete(*[f"{LOG_PREFIX}{t + 1:032x}" for t in range(64)])
+    finally:
+        client.close()
+
+
 def _free_port() -> int:
     import socket
 
@@ -273,7 +287,9 @@ def main() -> None:
     if not args.no_http:
         plain, plain_cpu = _http(bodies, args.http_seconds, ["--plain"])
         ours, ours_cpu = _http(bodies, args.http_seconds, ["--no-auth"])
+        _forget_bench_traces(args.redis)  # a fresh start: earlier runs' logs would be replayed first
         redis, redis_cpu = _http(bodies, args.http_seconds, ["--no-auth", "--redis", args.redis, "--state", "redis"])
+        _forget_bench_traces(args.redis)
         cpu = f"server CPU per span: plain {plain_cpu:.1f} µs"
         print(f"{'HTTP end to end, in-memory state':44} {plain:>14,.0f}/s {ours:>10,.0f}/s {TARGET_HTTP:>8,}"
               f"   ({cpu}, tripwire {ours_cpu:.1f} µs)")
