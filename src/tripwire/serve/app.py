@@ -37,10 +37,12 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import xxhash
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -64,6 +66,11 @@ logger = logging.getLogger("tripwire.serve")
 
 _PROTOBUF: Final = "application/x-protobuf"
 _JSON: Final = "application/json"
+RECENT_REQUESTS: Final = 4096
+"""Digests of the latest export requests a receiver applied (16 bytes each, in memory), so that
+an exporter's retry of one (its answer timed out or was lost) is acknowledged, not counted twice.
+With ``--state redis`` the digests are Redis keys shared by every receiver instead."""
+REQUEST_PREFIX: Final = "tripwire:request:"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,6 +183,8 @@ class Service:
         self.watermark = 0.0
         """Every span accepted before this time is judged and its writes are in the store."""
         self._write_backlog = False
+        self._recent: OrderedDict[bytes, None] = OrderedDict()
+        self._redis_requests: Any = getattr(self.fleet, "client", None)  # the Redis-state fleet's
         self.spool: Spool | None = None
         if config.spool_dir is not None:
             try:
@@ -217,6 +226,7 @@ class Service:
                 continue
             requests += 1
             spans += len(decoded.views)
+            self._remember_request(request_key(data, entry.kind))  # a retry of it is a duplicate
             out = self.process(decoded.views, self.clock(), flush=True)
             try:
                 self._apply_urgent(out)
@@ -407,6 +417,38 @@ class Service:
             return "the write-ahead spool is full (the run store is behind); retry later"
         return None
 
+    def claim_request(self, key: bytes) -> bool:
+        """False when an export request with exactly these spans was applied already (an
+        exporter retried it after its answer timed out or was lost): acknowledge it, apply
+        nothing. True claims ``key``: apply the request, or :meth:`release_request` it.
+
+        Raises:
+            redis.RedisError: ``--state redis`` and Redis does not answer.
+        """
+        if self._redis_requests is not None:
+            ttl = max(int(self.fleet.idle_ttl_s * 2), 60)  # as long as the trace logs live
+            return bool(self._redis_requests.set(REQUEST_PREFIX + key.hex(), b"1", nx=True, ex=ttl))
+        if key in self._recent:
+            self._recent.move_to_end(key)
+            return False
+        self._remember_request(key)
+        return True
+
+    def release_request(self, key: bytes) -> None:
+        """Undo :meth:`claim_request`: nothing of the request was applied (its retry must be)."""
+        if self._redis_requests is not None:
+            with contextlib.suppress(Exception):  # then the claim expires with its TTL
+                self._redis_requests.delete(REQUEST_PREFIX + key.hex())
+        else:
+            self._recent.pop(key, None)
+
+    def _remember_request(self, key: bytes) -> None:
+        recent = self._recent
+        recent[key] = None
+        recent.move_to_end(key)
+        while len(recent) > RECENT_REQUESTS:
+            recent.popitem(last=False)
+
     def _log_once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._warned and len(self._warned) < 256:
             self._warned.add(key)
@@ -499,6 +541,12 @@ def _success_body(kind: str, rejected: int, message: str) -> tuple[bytes, str]:
     return json.dumps(body).encode(), _JSON
 
 
+def request_key(data: bytes, kind: str) -> bytes:
+    """What tells a retried export request from a new one: a digest of its decompressed body
+    (exporters resend the same spans; gzip stamps each attempt differently) and its encoding."""
+    return xxhash.xxh3_128_digest(data, seed=1 if kind == _JSON else 0)
+
+
 def create_app(config: ServeConfig, *, service: Service | None = None) -> Starlette:
     """The Starlette app (``uvicorn`` serves it: ``tripwire serve``)."""
     svc = service if service is not None else Service(config)
@@ -558,6 +606,21 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
                 svc.metrics.requests.labels(code="400").inc()
                 svc.metrics.spans_rejected.labels(why="malformed_request").inc()
                 return Response(body, status_code=400, media_type=media)
+            key = request_key(data, kind)
+            try:
+                first = svc.claim_request(key)
+            except Exception as exc:  # --state redis and Redis does not answer: as below
+                svc._log_once("state:" + type(exc).__name__, "the shared state is unavailable: %r", exc)
+                body, media = _status_body(reply_kind, 14, "the shared state (Redis) is unavailable; retry later")
+                svc.metrics.requests.labels(code="503").inc()
+                return Response(body, status_code=503, media_type=media, headers={"Retry-After": "2"})
+            if not first:
+                # A retried export whose spans were applied already: acknowledged as received,
+                # counted once (calls without call ids would otherwise count twice: a false loop).
+                svc.metrics.spans_duplicate.inc(len(decoded.views))
+                body, media = _success_body(reply_kind, decoded.rejected, decoded.message)
+                svc.metrics.requests.labels(code="200").inc()
+                return Response(body, status_code=200, media_type=media)
             now = svc.clock()
             token = svc.begin_apply(now)
             try:
@@ -566,6 +629,7 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
                 except Exception as exc:
                     # --state redis and Redis does not answer: nothing of the request is
                     # applied; the exporter retries it (logged once).
+                    svc.release_request(key)
                     svc._log_once("state:" + type(exc).__name__, "the shared state is unavailable: %r", exc)
                     body, media = _status_body(reply_kind, 14, "the shared state (Redis) is unavailable; retry later")
                     svc.metrics.requests.labels(code="503").inc()
@@ -578,8 +642,8 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
                         svc._log_once("spool:" + type(exc).__name__, "write-ahead spool append failed (requests are acknowledged without it): %r", exc)
             except Exception as exc:
                 # The store is down: these spans were judged but their transitions could not be
-                # written. Tell the exporter to retry (it will resend the batch; duplicates of
-                # one span are counted once by call id).
+                # written (they are kept and retried). Tell the exporter to retry: the batch
+                # it resends is this claimed request, acknowledged then and not applied again.
                 svc._log_once("urgent:" + type(exc).__name__, "run store unavailable: %r", exc)
                 body, media = _status_body(reply_kind, 14, "the run store is unavailable; retry later")
                 svc.metrics.requests.labels(code="503").inc()

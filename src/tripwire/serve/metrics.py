@@ -20,6 +20,11 @@ class Metrics:
             "tripwire_spans_rejected", "Spans rejected (unreadable, or in a refused request).",
             ["why"], registry=r,
         )
+        self.spans_duplicate = Counter(
+            "tripwire_spans_duplicate",
+            "Spans of retried export requests that were applied already (acknowledged, counted once).",
+            registry=r,
+        )
         self.requests = Counter(
             "tripwire_requests", "OTLP requests by HTTP status code.", ["code"], registry=r
         )
