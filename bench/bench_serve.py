@@ -42,6 +42,11 @@ _WORDS = (
 )
 
 
+def _call_prefix(seed: int) -> str:
+    """The call ids' prefix in request ``seed`` (fixed width: the HTTP client rewrites it)."""
+    return f"call_{seed:08d}_"
+
+
 def _request(seed: int, spans: int = 512, traces: int = 64) -> bytes:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -67,7 +72,7 @@ def _request(seed: int, spans: int = 512, traces: int = 64) -> bytes:
         for key, value in (
             ("gen_ai.operation.name", "execute_tool"),
             ("gen_ai.tool.name", "search_docs"),
-            ("gen_ai.tool.call.id", f"call_{seed}_{i}"),
+            ("gen_ai.tool.call.id", f"{_call_prefix(seed)}{i}"),
             ("gen_ai.tool.call.arguments", json.dumps({"query": query})),
             ("gen_ai.tool.call.result", "No results." if looping else f"page about {query} " * 4),
             ("thread.id", "1"),
@@ -191,11 +196,20 @@ def _client(port: int, path: str, seconds: float) -> None:
     stop = time.monotonic() + seconds
     headers = {"Content-Type": "application/x-protobuf", "Authorization": "Bearer bench-token-0123456789abcdef"}
 
+    # Bodies of an earlier run are not sent again (a --state redis receiver remembers requests
+    # it applied, in Redis, for a while): each run numbers its requests from its own offset.
+    offset = random.randrange(1, 900) * 100_000
+
     def worker(k: int) -> None:
         with httpx.Client(timeout=30) as c:
             j = k
             while time.monotonic() < stop and j < 100_000:
-                r = c.post(f"http://127.0.0.1:{port}/v1/traces", content=bodies[j % len(bodies)], headers=headers)
+                # Every request new: the bodies come round again with fresh call ids (a body
+                # sent twice is a retried export, acknowledged without being judged again;
+                # its calls sent again are duplicates of calls already counted).
+                seed = j % len(bodies)
+                body = bodies[seed].replace(_call_prefix(seed).encode(), _call_prefix(offset + j).encode())
+                r = c.post(f"http://127.0.0.1:{port}/v1/traces", content=body, headers=headers)
                 if r.status_code == 200:
                     sent[k] += spans_per
                 j += 2
