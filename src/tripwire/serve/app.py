@@ -184,7 +184,7 @@ class Service:
         """Every span accepted before this time is judged and its writes are in the store."""
         self._write_backlog = False
         self._recent: OrderedDict[bytes, None] = OrderedDict()
-        self._redis_requests: Any = getattr(self.fleet, "client", None)  # the Redis-state fleet's
+        self._redis_requests: Any = getattr(self.fleet, "client", None)  # Redis state: its client
         self.spool: Spool | None = None
         if config.spool_dir is not None:
             try:
