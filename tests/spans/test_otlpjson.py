@@ -1,7 +1,9 @@
 """The compiled OTLP/JSON fast path (``_otlpjson.c``) against the msgspec decoder of
 ``tripwire.spans.otlp``, its twin: on every request it reads, the same spans as the decoder
 (and a request the decoder would reject, count or recover in part, it never reads); on the
-requests exporters send, it does read them.
+requests exporters send, it does read them: generated ones, and every trace of the labelled
+corpus when it is at hand (``TRIPWIRE_CORPUS``, default ``../shared/corpus``; not in the
+repository).
 
 Under ``CI=true`` the fast path must be built; locally this file skips, loudly, when it was not
 (or when ``TRIPWIRE_NO_EXTENSIONS`` is set: then the decoder alone is in use, and tested
@@ -15,6 +17,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -363,3 +366,18 @@ def test_values_nested_to_the_cut_are_left_to_the_decoder() -> None:
     assert fast(body) is None
     decoded = slow(body)
     assert isinstance(decoded, Decoded) and decoded.deep == 1
+
+
+# -- the corpus: real recorded traces ------------------------------------------------------------
+
+CORPUS = Path(os.environ.get("TRIPWIRE_CORPUS") or Path(__file__).resolve().parents[3] / "shared" / "corpus")
+
+
+def test_every_trace_of_the_corpus_is_read_by_the_fast_path_as_the_decoder_reads_it() -> None:
+    labels = CORPUS / "labels.jsonl"
+    if not labels.is_file():
+        pytest.skip(f"SKIPPED LOUDLY: no labelled corpus at {CORPUS} (set TRIPWIRE_CORPUS); it is not in the repository")
+    files = [CORPUS / json.loads(line)["file"] for line in labels.read_text().splitlines() if line]
+    read = [check(f.read_bytes()) for f in files]
+    assert all(views is not None for views in read)  # what real emitters wrote: all of it
+    assert sum(len(v) for v in read if v is not None) > 0
