@@ -342,6 +342,13 @@ static inline int once(unsigned *seen, unsigned bit) {
     return OK;
 }
 
+/* A known member: read once (the bit of `seen` says it was), by `read`. */
+#define MEMBER(seen, lit, bit, read)           \
+    if (IS(k, lit)) {                          \
+        if (once((seen), (bit))) return NO;    \
+        return (read);                         \
+    }
+
 static int wanted(P *s, Str k) {
     Py_ssize_t n = k.hi - k.lo, np = PyTuple_GET_SIZE(s->prefixes);
     for (Py_ssize_t i = 0; i < np; i++) {
@@ -389,9 +396,8 @@ typedef struct {
 static int values_member(P *s, Str k, void *ctx) {
     ValuesCtx *v = (ValuesCtx *)ctx;
     if (k.escaped) return NO;
-    if (!IS(k, "values")) return skip(s, 0);
-    if (once(&v->seen, 1)) return NO;
-    return array(s, v->kv ? kv_item : array_item, &v->items);
+    MEMBER(&v->seen, "values", 1, array(s, v->kv ? kv_item : array_item, &v->items))
+    return skip(s, 0);
 }
 
 typedef struct {
@@ -699,17 +705,9 @@ typedef struct {
 
 static int event_member(P *s, Str k, void *ctx) {
     EventCtx *ev = (EventCtx *)ctx;
-    int e;
     if (k.escaped) return NO;
-    if (IS(k, "name")) {
-        if (once(&ev->seen, 1)) return NO;
-        if ((e = string(s, &ev->name))) return e;
-        return OK;
-    }
-    if (IS(k, "attributes")) {
-        if (once(&ev->seen, 2)) return NO;
-        return array(s, event_attr, &ev->attrs);
-    }
+    MEMBER(&ev->seen, "name", 1, string(s, &ev->name))
+    MEMBER(&ev->seen, "attributes", 2, array(s, event_attr, &ev->attrs))
     return skip(s, 0);
 }
 
@@ -738,7 +736,7 @@ typedef struct {
     unsigned seen;
     Str trace_id, span_id, parent, name, message;
     PyObject *start, *end, *attrs;
-    int error, status_set;
+    int error;
     Events events;
 } SpanCtx;
 
@@ -814,70 +812,29 @@ static int status_member(P *s, Str k, void *ctx) {
     return skip(s, 0);
 }
 
+static int status(P *s, SpanCtx *sp) {
+    int null = is_null(s), e;
+    if (null < 0) return NO;
+    if (null) return OK;
+    StatusCtx st = {0, 0, {0}};
+    if ((e = object(s, status_member, &st))) return e;
+    sp->error = st.error;
+    sp->message = st.message;
+    return OK;
+}
+
 static int span_member(P *s, Str k, void *ctx) {
     SpanCtx *sp = (SpanCtx *)ctx;
-    int e;
     if (k.escaped) return NO;
-    switch (k.hi - k.lo) {
-    case 7:
-        if (IS(k, "traceId")) {
-            if (once(&sp->seen, 1)) return NO;
-            return string(s, &sp->trace_id);
-        }
-        break;
-    case 6:
-        if (IS(k, "spanId")) {
-            if (once(&sp->seen, 2)) return NO;
-            return string(s, &sp->span_id);
-        }
-        if (IS(k, "events")) {
-            if (once(&sp->seen, 4)) return NO;
-            return array(s, event_item, &sp->events);
-        }
-        if (IS(k, "status")) {
-            if (once(&sp->seen, 8)) return NO;
-            int null = is_null(s);
-            if (null < 0) return NO;
-            if (null) return OK;
-            StatusCtx st = {0, 0, {0}};
-            if ((e = object(s, status_member, &st))) return e;
-            sp->status_set = 1;
-            sp->error = st.error;
-            sp->message = st.message;
-            return OK;
-        }
-        break;
-    case 12:
-        if (IS(k, "parentSpanId")) {
-            if (once(&sp->seen, 16)) return NO;
-            return string(s, &sp->parent);
-        }
-        break;
-    case 4:
-        if (IS(k, "name")) {
-            if (once(&sp->seen, 32)) return NO;
-            return string(s, &sp->name);
-        }
-        break;
-    case 17:
-        if (IS(k, "startTimeUnixNano")) {
-            if (once(&sp->seen, 64)) return NO;
-            return nanos(s, &sp->start);
-        }
-        break;
-    case 15:
-        if (IS(k, "endTimeUnixNano")) {
-            if (once(&sp->seen, 128)) return NO;
-            return nanos(s, &sp->end);
-        }
-        break;
-    case 10:
-        if (IS(k, "attributes")) {
-            if (once(&sp->seen, 256)) return NO;
-            return attributes(s, &sp->attrs);
-        }
-        break;
-    }
+    MEMBER(&sp->seen, "traceId", 1, string(s, &sp->trace_id))
+    MEMBER(&sp->seen, "spanId", 2, string(s, &sp->span_id))
+    MEMBER(&sp->seen, "parentSpanId", 4, string(s, &sp->parent))
+    MEMBER(&sp->seen, "name", 8, string(s, &sp->name))
+    MEMBER(&sp->seen, "startTimeUnixNano", 16, nanos(s, &sp->start))
+    MEMBER(&sp->seen, "endTimeUnixNano", 32, nanos(s, &sp->end))
+    MEMBER(&sp->seen, "attributes", 64, attributes(s, &sp->attrs))
+    MEMBER(&sp->seen, "events", 128, array(s, event_item, &sp->events))
+    MEMBER(&sp->seen, "status", 256, status(s, sp))
     return skip(s, 0);
 }
 
@@ -981,10 +938,7 @@ typedef struct {
 static int scope_member(P *s, Str k, void *ctx) {
     ScopeCtx *sc = (ScopeCtx *)ctx;
     if (k.escaped) return NO;
-    if (IS(k, "name")) {
-        if (once(&sc->seen, 1)) return NO;
-        return string(s, &sc->name);
-    }
+    MEMBER(&sc->seen, "name", 1, string(s, &sc->name))
     return skip(s, 0);
 }
 
@@ -1008,10 +962,7 @@ static int ss_member(P *s, Str k, void *ctx) {
         ss->scope = sc.name;
         return OK;
     }
-    if (IS(k, "spans")) {
-        if (once(&ss->seen, 2)) return NO;
-        return array(s, span_item, ss->spans);
-    }
+    MEMBER(&ss->seen, "spans", 2, array(s, span_item, ss->spans))
     return skip(s, 0);
 }
 
@@ -1056,10 +1007,7 @@ typedef struct {
 static int resource_member(P *s, Str k, void *ctx) {
     ResourceCtx *r = (ResourceCtx *)ctx;
     if (k.escaped) return NO;
-    if (IS(k, "attributes")) {
-        if (once(&r->seen, 1)) return NO;
-        return attributes(s, &r->attrs);
-    }
+    MEMBER(&r->seen, "attributes", 1, attributes(s, &r->attrs))
     return skip(s, 0);
 }
 
@@ -1080,14 +1028,8 @@ static int rs_member(P *s, Str k, void *ctx) {
         rs->resource = r.attrs != NULL ? r.attrs : PyDict_New();
         return rs->resource == NULL ? PYERR : OK;
     }
-    if (IS(k, "scopeSpans")) {
-        if (once(&rs->seen, 2)) return NO;
-        return array(s, ss_item, &rs->scope_spans);
-    }
-    if (IS(k, "instrumentationLibrarySpans")) {
-        if (once(&rs->seen, 4)) return NO;
-        return array(s, ss_item, &rs->library_spans);
-    }
+    MEMBER(&rs->seen, "scopeSpans", 2, array(s, ss_item, &rs->scope_spans))
+    MEMBER(&rs->seen, "instrumentationLibrarySpans", 4, array(s, ss_item, &rs->library_spans))
     return skip(s, 0);
 }
 
@@ -1121,10 +1063,7 @@ typedef struct {
 static int request_member(P *s, Str k, void *ctx) {
     RequestCtx *r = (RequestCtx *)ctx;
     if (k.escaped) return NO;
-    if (IS(k, "resourceSpans")) {
-        if (once(&r->seen, 1)) return NO;
-        return array(s, rs_item, r->out);
-    }
+    MEMBER(&r->seen, "resourceSpans", 1, array(s, rs_item, r->out))
     return skip(s, 0);
 }
 
