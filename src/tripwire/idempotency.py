@@ -46,7 +46,6 @@ run twice, but the record needs resolving by hand.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import datetime as _dt
@@ -293,6 +292,8 @@ class Idempotent(Generic[_T]):
             pause = min(pause * 2, 0.5)
 
     async def _arecord(self, op: str, payload: bytes) -> None:
+        import asyncio  # here, not at the top: ``import tripwire`` need not load asyncio
+
         deadline = time.monotonic() + self.record_wait_s
         pause = 0.02
         while True:

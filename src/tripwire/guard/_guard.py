@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 import threading
@@ -823,6 +822,8 @@ class Guard:
 
     async def atimeout(self, awaitable: Awaitable[_T], seconds: float | None = None) -> _T:
         """Await ``awaitable`` with a timeout (``asyncio.wait_for``); see :meth:`timeout`."""
+        import asyncio  # here, not at the top: ``import tripwire`` need not load asyncio
+
         limit, name, now = self._timeout_for(seconds)
         if limit is None:
             return await awaitable
@@ -853,6 +854,8 @@ class Guard:
 
     async def _offload(self, fn: Callable[[], _T]) -> _T:
         if self._view.remote:
+            import asyncio  # see atimeout
+
             return await asyncio.to_thread(fn)
         return fn()
 
