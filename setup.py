@@ -4,8 +4,9 @@ the result digest's mask, ``src/tripwire/core/_resultmask.c``, the OTLP wire sca
 
 Everything else about the package is in pyproject.toml. Without a C compiler, or if a build
 fails, tripwire installs anyway and runs their pure-Python twins (``tripwire/core/signature.py``,
-``tripwire/spans/_wire.py``, the msgspec decoder of ``tripwire/spans/otlp.py``): the same signatures, spans and verdicts, slower per call. Set
-``TRIPWIRE_NO_EXTENSIONS=1`` to skip the build (and, at run time, to ignore a built one).
+``tripwire/spans/_wire.py``, the msgspec decoder of ``tripwire/spans/otlp.py``): the same
+signatures, spans and verdicts, slower per call. Set ``TRIPWIRE_NO_EXTENSIONS=1`` to skip the
+build (and, at run time, to ignore a built one).
 """
 
 import os
