@@ -302,8 +302,8 @@ static int is_null(P *s) {
     return 0;
 }
 
-/* Walk an object: for each member, key() reads the value at the cursor. A key written twice
- * among the known ones (bit in *seen) declines. */
+/* Walk an object: for each member, `member` reads its value at the cursor (a known key
+ * written twice declines: see MEMBER). */
 typedef int (*member_fn)(P *s, Str key, void *ctx);
 
 static int object(P *s, member_fn member, void *ctx) {
