@@ -321,6 +321,15 @@ static int object(P *s, member_fn member, void *ctx) {
     }
 }
 
+/* An object, or null (then *present stays 0). */
+static int nullable(P *s, member_fn member, void *ctx, int *present) {
+    int null = is_null(s);
+    if (null < 0) return NO;
+    if (null) return OK;
+    *present = 1;
+    return object(s, member, ctx);
+}
+
 typedef int (*item_fn)(P *s, void *ctx);
 
 static int array(P *s, item_fn item, void *ctx) {
@@ -813,14 +822,11 @@ static int status_member(P *s, Str k, void *ctx) {
 }
 
 static int status(P *s, SpanCtx *sp) {
-    int null = is_null(s), e;
-    if (null < 0) return NO;
-    if (null) return OK;
     StatusCtx st = {0, 0, {0}};
-    if ((e = object(s, status_member, &st))) return e;
+    int present = 0, e = nullable(s, status_member, &st, &present);
     sp->error = st.error;
     sp->message = st.message;
-    return OK;
+    return e;
 }
 
 static int span_member(P *s, Str k, void *ctx) {
@@ -948,20 +954,17 @@ typedef struct {
     PyObject *spans; /* a list of entries */
 } SsCtx;
 
+static int scope(P *s, SsCtx *ss) {
+    ScopeCtx sc = {0, {0}};
+    int present = 0, e = nullable(s, scope_member, &sc, &present);
+    ss->scope = sc.name;
+    return e;
+}
+
 static int ss_member(P *s, Str k, void *ctx) {
     SsCtx *ss = (SsCtx *)ctx;
-    int e;
     if (k.escaped) return NO;
-    if (IS(k, "scope")) {
-        if (once(&ss->seen, 1)) return NO;
-        int null = is_null(s);
-        if (null < 0) return NO;
-        if (null) return OK;
-        ScopeCtx sc = {0, {0}};
-        if ((e = object(s, scope_member, &sc))) return e;
-        ss->scope = sc.name;
-        return OK;
-    }
+    MEMBER(&ss->seen, "scope", 1, scope(s, ss))
     MEMBER(&ss->seen, "spans", 2, array(s, span_item, ss->spans))
     return skip(s, 0);
 }
@@ -1011,23 +1014,21 @@ static int resource_member(P *s, Str k, void *ctx) {
     return skip(s, 0);
 }
 
+static int resource(P *s, RsCtx *rs) {
+    ResourceCtx r = {0, NULL};
+    int present = 0, e = nullable(s, resource_member, &r, &present);
+    if (e || !present) {
+        Py_XDECREF(r.attrs);
+        return e; /* null: no resource (None) */
+    }
+    rs->resource = r.attrs != NULL ? r.attrs : PyDict_New(); /* {} without attributes */
+    return rs->resource == NULL ? PYERR : OK;
+}
+
 static int rs_member(P *s, Str k, void *ctx) {
     RsCtx *rs = (RsCtx *)ctx;
-    int e;
     if (k.escaped) return NO;
-    if (IS(k, "resource")) {
-        if (once(&rs->seen, 1)) return NO;
-        int null = is_null(s);
-        if (null < 0) return NO;
-        if (null) return OK;
-        ResourceCtx r = {0, NULL};
-        if ((e = object(s, resource_member, &r))) {
-            Py_XDECREF(r.attrs);
-            return e;
-        }
-        rs->resource = r.attrs != NULL ? r.attrs : PyDict_New();
-        return rs->resource == NULL ? PYERR : OK;
-    }
+    MEMBER(&rs->seen, "resource", 1, resource(s, rs))
     MEMBER(&rs->seen, "scopeSpans", 2, array(s, ss_item, &rs->scope_spans))
     MEMBER(&rs->seen, "instrumentationLibrarySpans", 4, array(s, ss_item, &rs->library_spans))
     return skip(s, 0);
