@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -107,3 +108,128 @@ def test_the_spool_holding_raw_bodies_is_readable_by_the_service_user_only(tmp_p
     assert stat.S_IMODE((tmp_path / "s").stat().st_mode) == 0o700
     assert stat.S_IMODE(segment.stat().st_mode) == 0o600
     spool.close()
+
+
+@pytest.mark.parametrize("first_request", ["let go by the spool", "still in the spool"])
+def test_a_run_going_on_across_a_restart_goes_on_counting(tmp_path: Path, first_request: str) -> None:
+    # Its first 3 calls are judged and written; the receiver is killed; its last 3 calls and
+    # its root span come to the restarted receiver. Six calls, their rows numbered 1 to 6:
+    # not three (the restarted receiver starting the run afresh and rewriting its row and its
+    # first three call rows, when the spool had let the first request go), nor nine (the
+    # replay counting again what the row holds, when it had not).
+    spans = loop_spans(6, call_ids=False)
+    root = [s for s in spans if s.parent is None]
+    calls = sorted((s for s in spans if s.parent is not None), key=lambda s: s.start_time)
+    trace_id = f"{spans[0].context.trace_id:032x}"
+    db = tmp_path / "runs.db"
+    port = free_port()
+    args = ["--port", str(port), "--store", f"sqlite:///{db}", "--spool", str(tmp_path / "spool"),
+            "--reorder-ms", "0", "--log-format", "text"]
+    env = {"TRIPWIRE_TOKEN": TOKEN}
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-protobuf"}
+    store = RunStore.open(f"sqlite:///{db}")
+    try:
+        proc = serve_process(args, env=env, stderr=tmp_path / "serve.log")
+        try:
+            wait_ready(port, proc)
+            got = httpx.post(f"http://127.0.0.1:{port}/v1/traces", content=protobuf_body(calls[:3]), headers=headers, timeout=10)
+            assert got.status_code == 200, got.text
+            # Written, and (or not yet) its spool segment deleted (segments turn over every
+            # second; the open one is then empty).
+            let_go = first_request == "let go by the spool"
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                row = store.run(trace_id)
+                spooled = sum(f.stat().st_size for f in (tmp_path / "spool").glob("seg-*"))
+                if row is not None and row.tool_calls == 3 and (not spooled) == let_go:
+                    break
+                time.sleep(0.02 if not let_go else 0.1)
+            else:
+                raise AssertionError(f"never written ({first_request}): {store.run(trace_id)}")
+        finally:
+            stop(proc, kill=True)
+        assert proc.returncode == -9
+        proc = serve_process(args, env=env, stderr=tmp_path / "serve.log")
+        try:
+            wait_ready(port, proc)
+            got = httpx.post(f"http://127.0.0.1:{port}/v1/traces", content=protobuf_body([*calls[3:], *root]), headers=headers, timeout=10)
+            assert got.status_code == 200, got.text
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                row = store.run(trace_id)
+                if row is not None and row.status == "ended":
+                    break
+                time.sleep(0.1)
+        finally:
+            stop(proc)
+        row = store.run(trace_id)
+        assert row is not None and row.status == "ended", (tmp_path / "serve.log").read_text()
+        assert row.tool_calls == 6
+        assert [c.call_index for c in store.calls(trace_id)] == [1, 2, 3, 4, 5, 6]
+        log = (tmp_path / "serve.log").read_text()
+        if first_request == "still in the spool":  # the case the replay had to leave out
+            assert "replayed 1 spooled requests" in log and "3 spooled spans were in their runs' rows" in log, log
+    finally:
+        store.dispose()
+
+
+def test_a_run_that_ended_before_the_kill_is_not_rewritten_by_the_replay(tmp_path: Path) -> None:
+    # Both requests of a run judged and written, the run ended with its root span; the first
+    # request let go by the spool, the second still in it at the kill: the replay must not
+    # start the run afresh from the second and rewrite the ended row with 3 calls (and its
+    # call rows 1-3 with the last three).
+    spans = loop_spans(6, call_ids=False)
+    root = [s for s in spans if s.parent is None]
+    calls = sorted((s for s in spans if s.parent is not None), key=lambda s: s.start_time)
+    trace_id = f"{spans[0].context.trace_id:032x}"
+    db = tmp_path / "runs.db"
+    port = free_port()
+    args = ["--port", str(port), "--store", f"sqlite:///{db}", "--spool", str(tmp_path / "spool"),
+            "--reorder-ms", "0", "--log-format", "text"]
+    env = {"TRIPWIRE_TOKEN": TOKEN}
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-protobuf"}
+    store = RunStore.open(f"sqlite:///{db}")
+    try:
+        proc = serve_process(args, env=env, stderr=tmp_path / "serve.log")
+        try:
+            wait_ready(port, proc)
+
+            def spooled() -> int:
+                return sum(f.stat().st_size for f in (tmp_path / "spool").glob("seg-*"))
+
+            def post(part: list[Any]) -> None:
+                got = httpx.post(f"http://127.0.0.1:{port}/v1/traces", content=protobuf_body(part), headers=headers, timeout=10)
+                assert got.status_code == 200, got.text
+
+            post(calls[:3])
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and spooled():  # the first request let go
+                time.sleep(0.05)
+            assert not spooled()
+            post([*calls[3:], *root])
+            while time.monotonic() < deadline:
+                row = store.run(trace_id)
+                if row is not None and row.status == "ended" and spooled():
+                    break
+                time.sleep(0.02)
+            else:
+                raise AssertionError(f"never ended with the spool still holding it: {store.run(trace_id)}")
+        finally:
+            stop(proc, kill=True)
+        first_calls = [c.start_s for c in store.calls(trace_id)]
+        assert len(first_calls) == 6
+        proc = serve_process(args, env=env, stderr=tmp_path / "serve.log")
+        try:
+            wait_ready(port, proc)
+            deadline = time.monotonic() + 10
+            log = tmp_path / "serve.log"
+            while time.monotonic() < deadline and "replayed" not in log.read_text():
+                time.sleep(0.05)
+            time.sleep(0.5)  # past a few write ticks
+        finally:
+            stop(proc)
+        row = store.run(trace_id)
+        assert row is not None and row.status == "ended" and row.tool_calls == 6, (row, log.read_text())
+        assert [c.start_s for c in store.calls(trace_id)] == first_calls
+    finally:
+        store.dispose()

@@ -199,23 +199,71 @@ class Service:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Replay what a crashed receiver left in the spool, then start the writer."""
+        """Go on counting the runs an earlier receiver left running, replay what a crashed
+        one left in the spool, then start the writer."""
+        written: dict[str, float] = {}
+        if not self._writer_started and self._redis_requests is None:
+            written = self._resume_runs()
         if self.spool is not None and not self._writer_started:
-            self._replay()
+            self._replay(written)
         if not self._writer_started:
             self._writer_started = True
             self._writer.start()
 
-    def _replay(self) -> None:
+    def _replay(self, written: dict[str, float]) -> None:
         self.fleet.replaying = True
         try:
-            self._replay_pending()
+            self._replay_pending(written)
         finally:
             self.fleet.replaying = False
 
-    def _replay_pending(self) -> None:
+    def _resume_runs(self) -> dict[str, float]:
+        """In-memory state: the runs the store says are still going (an earlier receiver's,
+        before a restart) go on counting from their rows at their next span (see
+        :meth:`Fleet.resume`). Returns, per run, until when its row holds what the spool says
+        (requests accepted up to then: the spool replay leaves their spans of the run out).
+        A store that does not answer: the runs start afresh, as before (logged once)."""
+        rows: list[Any] = []
+        offset = 0
+        try:
+            while len(rows) < self.fleet.max_traces:
+                page, total = self.store.runs(status="running", limit=1000, offset=offset)
+                offset += len(page)
+                rows += page
+                if not page or offset >= total:
+                    break
+        except Exception as exc:  # the boundary of a start-up nicety: never fatal
+            self._log_once("resume:" + type(exc).__name__, "cannot read the runs still going: %r", exc)
+            return {}
+        kept = self.fleet.resume(rows)
+        if kept:
+            logger.warning("%d runs an earlier receiver left running go on counting from their rows", kept)
+        # A row written at time t holds every span of its run accepted up to t - reorder_s (the
+        # spans that waited in the reorder buffer were judged by t).
+        return {row.trace_id: row.updated_at - self.config.reorder_s for row in rows[:kept]}
+
+    def _ended_rows(self, views: Sequence[Any], written: dict[str, float], looked_up: set[str]) -> None:
+        """Add to ``written`` the runs of ``views`` that the store says ended: a spooled span
+        accepted up to a row's time minus the reorder wait is in that row already (replayed,
+        it would start the run afresh and rewrite the ended row with fewer calls)."""
+        new = {v.trace_id for v in views} - looked_up
+        if not new:
+            return
+        looked_up |= new
+        try:
+            rows = self.store.runs_of(new)
+        except Exception as exc:  # the store is down: replayed as before (logged once)
+            self._log_once("replay-rows:" + type(exc).__name__, "cannot read the runs of the spool: %r", exc)
+            return
+        for row in rows:
+            if row.status == "ended":
+                written[row.trace_id] = row.updated_at - self.config.reorder_s
+
+    def _replay_pending(self, written: dict[str, float]) -> None:
         assert self.spool is not None
-        requests = spans = 0
+        requests = spans = skipped = 0
+        written = dict(written)
+        looked_up: set[str] = set(written)
         started = time.perf_counter()
         for entry in self.spool.pending():
             try:
@@ -225,9 +273,16 @@ class Service:
                 self._log_once("replay:" + type(exc).__name__, "spooled request unreadable, skipped: %s", exc)
                 continue
             requests += 1
-            spans += len(decoded.views)
+            views = decoded.views
+            self._ended_rows(views, written, looked_up)
+            if written:
+                # Spans whose runs' rows hold them already (written before the crash: runs
+                # going on from those rows, and runs that ended): not counted again.
+                views = [v for v in views if entry.at > written.get(v.trace_id, -1.0)]
+                skipped += len(decoded.views) - len(views)
+            spans += len(views)
             self._remember_request(request_key(data, entry.kind))  # a retry of it is a duplicate
-            out = self.process(decoded.views, self.clock(), flush=True)
+            out = self.process(views, self.clock(), flush=True)
             try:
                 self._apply_urgent(out)
             except Exception as exc:  # the store is down: kept in self.unwritten, retried
@@ -238,6 +293,8 @@ class Service:
                 "before it stopped without writing them (%.2f s)",
                 requests, spans, time.perf_counter() - started,
             )
+        if skipped:
+            logger.warning("%d spooled spans were in their runs' rows already: not counted again", skipped)
         # Deleted once the watermark passes now: everything replayed is then in the store.
         self.spool.adopt_pending(self.clock())
 

@@ -259,6 +259,27 @@ class Fleet:
         self._touched: dict[str, _Trace] = {}
         """The traces a processing step applied records to, in order of their last one (the
         order of ``_traces`` among them): only these can be dirty at its end."""
+        self._resume: dict[str, RunRow] = {}
+        """Run rows of runs still going when this receiver started (see :meth:`resume`)."""
+
+    def resume(self, rows: Iterable[RunRow]) -> int:
+        """Go on counting runs that an earlier receiver left ``running`` in the store.
+
+        A receiver that restarted holds no state for the runs still going: at its next span such
+        a run started afresh, and its row's counters and call rows were rewritten from zero
+        (the calls written before the restart no longer counted). A trace that has a row here
+        takes that row's counters (calls, steps, tokens, cost, first stuck call, agent, service,
+        creation time) when its next span arrives, and its calls are numbered on from there
+        (the spool replay leaves out the spans a row holds already). The loop window starts
+        afresh. At most ``max_traces`` rows are kept, the first ones given; returns how many.
+        """
+        kept = self._resume
+        for row in rows:
+            if len(kept) >= self.max_traces:
+                break
+            if row.status == "running" and row.trace_id not in self._traces:
+                kept[row.trace_id] = row
+        return len(kept)
 
     replaying: bool = False
     """True while the receiver replays its write-ahead spool at start-up (records the
@@ -501,7 +522,9 @@ class Fleet:
             return
         if rec.tool is None and rec.model is None and rec.outer is None:
             # A root span that maps to nothing: it only ends the run.
-            if rec.root and tid in self._traces:
+            if rec.root and (tid in self._traces or tid in self._resume):
+                if tid not in self._traces:
+                    self._trace(tid, now, out)  # a run an earlier receiver left running
                 self._end(tid, now, out, idle=False, root=rec)
             return
         trace = self._trace(tid, now, out)
@@ -530,6 +553,10 @@ class Fleet:
         trace = traces.get(tid)
         if trace is None:
             trace = traces[tid] = _Trace(now)
+            if self._resume:
+                row = self._resume.pop(tid, None)
+                if row is not None:
+                    _continue(trace, row)
             while len(traces) > self.max_traces:
                 self._evict(next(iter(traces)), now, out)
         else:
@@ -860,6 +887,25 @@ class Fleet:
             trace.created_at,
             now,  # updated_at
         )
+
+
+def _continue(trace: _Trace, row: RunRow) -> None:
+    """``trace`` goes on from ``row``, the run's row an earlier receiver wrote (see
+    :meth:`Fleet.resume`)."""
+    trace.agent = row.agent
+    trace.service = row.service
+    trace.created_at = row.created_at or trace.created_at
+    trace.tool_calls = row.tool_calls
+    trace.steps = row.steps
+    trace.input_tokens = row.input_tokens
+    trace.output_tokens = row.output_tokens
+    if row.cost_usd is not None:
+        trace.cost_nusd = round(row.cost_usd * 1e9)
+    elif row.steps:
+        trace.unpriced = 1  # its cost was unknown: it stays unknown
+    trace.first_stuck = row.first_stuck_call
+    if row.first_stuck_call is not None and row.cost_after_stuck is not None:
+        trace.cost_at_stuck = trace.cost_nusd - round(row.cost_after_stuck * 1e9)
 
 
 def _absorb(trace: _Trace, items: list[tuple[str, Rec, Signature | None]], lo: int, hi: int) -> None:
