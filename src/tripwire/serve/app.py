@@ -235,12 +235,16 @@ class Service:
         except Exception as exc:  # the boundary of a start-up nicety: never fatal
             self._log_once("resume:" + type(exc).__name__, "cannot read the runs still going: %r", exc)
             return {}
-        kept = self.fleet.resume(rows)
+        kept = self.fleet.resume(rows, self.clock())
         if kept:
             logger.warning("%d runs an earlier receiver left running go on counting from their rows", kept)
         # A row written at time t holds every span of its run accepted up to t - reorder_s (the
         # spans that waited in the reorder buffer were judged by t).
-        return {row.trace_id: row.updated_at - self.config.reorder_s for row in rows[:kept]}
+        return {
+            row.trace_id: row.updated_at - self.config.reorder_s
+            for row in rows
+            if self.fleet.resuming(row.trace_id)
+        }
 
     def _ended_rows(self, views: Sequence[Any], written: dict[str, float], looked_up: set[str]) -> None:
         """Add to ``written`` the runs of ``views`` that the store says ended: a spooled span

@@ -261,8 +261,13 @@ class Fleet:
         order of ``_traces`` among them): only these can be dirty at its end."""
         self._resume: dict[str, RunRow] = {}
         """Run rows of runs still going when this receiver started (see :meth:`resume`)."""
+        self._resume_until = 0.0
 
-    def resume(self, rows: Iterable[RunRow]) -> int:
+    def resuming(self, trace_id: str) -> bool:
+        """Whether ``trace_id`` will go on from a row given to :meth:`resume`."""
+        return trace_id in self._resume
+
+    def resume(self, rows: Iterable[RunRow], now: float) -> int:
         """Go on counting runs that an earlier receiver left ``running`` in the store.
 
         A receiver that restarted holds no state for the runs still going: at its next span such
@@ -271,14 +276,16 @@ class Fleet:
         takes that row's counters (calls, steps, tokens, cost, first stuck call, agent, service,
         creation time) when its next span arrives, and its calls are numbered on from there
         (the spool replay leaves out the spans a row holds already). The loop window starts
-        afresh. At most ``max_traces`` rows are kept, the first ones given; returns how many.
+        afresh. Only rows written within ``idle_ttl_s`` of ``now`` are kept (a run quiet for
+        longer is over), at most ``max_traces``, and for ``idle_ttl_s`` only; returns how many.
         """
         kept = self._resume
         for row in rows:
             if len(kept) >= self.max_traces:
                 break
-            if row.status == "running" and row.trace_id not in self._traces:
+            if row.status == "running" and row.trace_id not in self._traces and row.updated_at >= now - self.idle_ttl_s:
                 kept[row.trace_id] = row
+        self._resume_until = now + self.idle_ttl_s
         return len(kept)
 
     replaying: bool = False
@@ -785,6 +792,8 @@ class Fleet:
         out.urgent.runs.append(self._row(tid, trace, now))
 
     def _end_idle(self, now: float, out: Outcome) -> None:
+        if self._resume and now > self._resume_until:
+            self._resume.clear()  # the runs that did not come back within the idle TTL are over
         limit = now - self.idle_ttl_s
         traces = self._traces
         while traces:
