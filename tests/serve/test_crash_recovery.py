@@ -109,6 +109,24 @@ def test_the_spool_holding_raw_bodies_is_readable_by_the_service_user_only(tmp_p
     assert stat.S_IMODE(segment.stat().st_mode) == 0o600
     spool.close()
 
+_ENV = {"TRIPWIRE_TOKEN": TOKEN}
+_HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-protobuf"}
+
+
+def _six_calls_and_a_root() -> tuple[list[Any], list[Any], str]:
+    """Six identical calls without call ids, in start order, the run's root span, its trace id."""
+    spans = loop_spans(6, call_ids=False)
+    calls = sorted((s for s in spans if s.parent is not None), key=lambda s: s.start_time)
+    return calls, [s for s in spans if s.parent is None], f"{spans[0].context.trace_id:032x}"
+
+
+def _spooled_receiver(tmp_path: Path) -> tuple[int, list[str]]:
+    """A port and the ``tripwire serve`` arguments: SQLite store and spool in ``tmp_path``, no
+    reorder wait."""
+    port = free_port()
+    return port, ["--port", str(port), "--store", f"sqlite:///{tmp_path / 'runs.db'}", "--spool",
+                  str(tmp_path / "spool"), "--reorder-ms", "0", "--log-format", "text"]  # fmt: skip
+
 
 @pytest.mark.parametrize("first_request", ["let go by the spool", "still in the spool"])
 def test_a_run_going_on_across_a_restart_goes_on_counting(tmp_path: Path, first_request: str) -> None:
@@ -117,17 +135,10 @@ def test_a_run_going_on_across_a_restart_goes_on_counting(tmp_path: Path, first_
     # not three (the restarted receiver starting the run afresh and rewriting its row and its
     # first three call rows, when the spool had let the first request go), nor nine (the
     # replay counting again what the row holds, when it had not).
-    spans = loop_spans(6, call_ids=False)
-    root = [s for s in spans if s.parent is None]
-    calls = sorted((s for s in spans if s.parent is not None), key=lambda s: s.start_time)
-    trace_id = f"{spans[0].context.trace_id:032x}"
-    db = tmp_path / "runs.db"
-    port = free_port()
-    args = ["--port", str(port), "--store", f"sqlite:///{db}", "--spool", str(tmp_path / "spool"),
-            "--reorder-ms", "0", "--log-format", "text"]
-    env = {"TRIPWIRE_TOKEN": TOKEN}
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-protobuf"}
-    store = RunStore.open(f"sqlite:///{db}")
+    calls, root, trace_id = _six_calls_and_a_root()
+    port, args = _spooled_receiver(tmp_path)
+    env, headers = _ENV, _HEADERS
+    store = RunStore.open(f"sqlite:///{tmp_path / 'runs.db'}")
     try:
         proc = serve_process(args, env=env, stderr=tmp_path / "serve.log")
         try:
@@ -178,17 +189,10 @@ def test_a_run_that_ended_before_the_kill_is_not_rewritten_by_the_replay(tmp_pat
     # request let go by the spool, the second still in it at the kill: the replay must not
     # start the run afresh from the second and rewrite the ended row with 3 calls (and its
     # call rows 1-3 with the last three).
-    spans = loop_spans(6, call_ids=False)
-    root = [s for s in spans if s.parent is None]
-    calls = sorted((s for s in spans if s.parent is not None), key=lambda s: s.start_time)
-    trace_id = f"{spans[0].context.trace_id:032x}"
-    db = tmp_path / "runs.db"
-    port = free_port()
-    args = ["--port", str(port), "--store", f"sqlite:///{db}", "--spool", str(tmp_path / "spool"),
-            "--reorder-ms", "0", "--log-format", "text"]
-    env = {"TRIPWIRE_TOKEN": TOKEN}
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-protobuf"}
-    store = RunStore.open(f"sqlite:///{db}")
+    calls, root, trace_id = _six_calls_and_a_root()
+    port, args = _spooled_receiver(tmp_path)
+    env, headers = _ENV, _HEADERS
+    store = RunStore.open(f"sqlite:///{tmp_path / 'runs.db'}")
     try:
         proc = serve_process(args, env=env, stderr=tmp_path / "serve.log")
         try:
