@@ -12,30 +12,30 @@ whole suite both ways).
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
-__all__ = ["resultmask", "speedups"]
+__all__ = ["compiled", "resultmask", "speedups"]
+
+
+def compiled(name: str) -> ModuleType | None:
+    """The compiled module ``tripwire.<name>`` (``"core._speedups"``, ``"spans._otlpscan"``…),
+    or ``None`` when it was not built or ``TRIPWIRE_NO_EXTENSIONS`` is set."""
+    if os.environ.get("TRIPWIRE_NO_EXTENSIONS", "").strip() not in ("", "0"):
+        return None
+    try:
+        return importlib.import_module(f"tripwire.{name}")
+    except ImportError:
+        return None
 
 
 def speedups() -> ModuleType | None:
     """The compiled module, or ``None`` when it was not built or ``TRIPWIRE_NO_EXTENSIONS`` is set."""
-    if os.environ.get("TRIPWIRE_NO_EXTENSIONS", "").strip() not in ("", "0"):
-        return None
-    try:
-        from tripwire.core import _speedups
-    except ImportError:
-        return None
-    return _speedups
+    return compiled("core._speedups")
 
 
 def resultmask() -> ModuleType | None:
     """``tripwire.core._resultmask`` (``_resultmask.c``), the compiled leaves of result digests,
     or ``None`` when it was not built or ``TRIPWIRE_NO_EXTENSIONS`` is set."""
-    if os.environ.get("TRIPWIRE_NO_EXTENSIONS", "").strip() not in ("", "0"):
-        return None
-    try:
-        from tripwire.core import _resultmask
-    except ImportError:
-        return None
-    return _resultmask
+    return compiled("core._resultmask")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import re
 import zlib
 from collections.abc import Iterable, Iterator
@@ -38,6 +37,7 @@ from typing import Any, Final
 
 import msgspec
 
+from tripwire.core._compiled import compiled
 from tripwire.errors import InputError
 from tripwire.spans import _wire
 from tripwire.spans.mapping import SpanView
@@ -152,13 +152,8 @@ class Decoded:
 
 def scanner() -> Any:
     """The protobuf scanner in use: ``_otlpscan.scan`` (compiled) or ``_wire.scan`` (Python)."""
-    if os.environ.get("TRIPWIRE_NO_EXTENSIONS", "").strip() not in ("", "0"):
-        return _wire.scan
-    try:
-        from tripwire.spans import _otlpscan
-    except ImportError:
-        return _wire.scan
-    return _otlpscan.scan
+    module = compiled("spans._otlpscan")
+    return _wire.scan if module is None else module.scan
 
 
 _SCAN: Final = scanner()
@@ -269,13 +264,8 @@ class _Request(_Base):
 def _json_scanner() -> Any:
     """The compiled OTLP/JSON fast path (``_otlpjson.scan``), or ``None`` (not built, or
     ``TRIPWIRE_NO_EXTENSIONS=1``): then every request takes the msgspec decoder below."""
-    if os.environ.get("TRIPWIRE_NO_EXTENSIONS", "").strip() not in ("", "0"):
-        return None
-    try:
-        from tripwire.spans import _otlpjson
-    except ImportError:
-        return None
-    return _otlpjson.scan
+    module = compiled("spans._otlpjson")
+    return None if module is None else module.scan
 
 
 _JSON_SCAN: Final = _json_scanner()
