@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,7 @@ def test_volatile_key_option(tmp_path: Path) -> None:
         ["--policy-preset", "aggressive"],
         ["--key", "args"],
         ["--window", "0"],
+        ["--workers", "-1"],
     ],
 )
 def test_usage_errors_exit_2(traces: Path, args: list[str]) -> None:
@@ -227,6 +229,32 @@ def test_stdin(traces: Path) -> None:
     assert result.exit_code == 0, result.output
     (obj,) = _lines(result.stdout)
     assert obj["first_trip"]["call_index"] == 4
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork-based workers are Linux-only")
+def test_workers_change_nothing_in_the_output(tmp_path: Path) -> None:
+    d = tmp_path / "many"
+    d.mkdir()
+    for f in range(3):  # every trace is spread over the three files
+        _write(d / f"part-{f}.json", *[
+            (_looping(t, 9) if t % 3 == 0 else _working(t, 7))[f * 3:(f + 1) * 3] for t in range(1, 31)
+        ])
+    outputs = {}
+    for workers in ("1", "3"):
+        json_out = runner.invoke(app, ["replay", str(d), "--json", "--workers", workers, *PINNED])
+        table = runner.invoke(app, ["replay", str(d), *PINNED], env={"TRIPWIRE_WORKERS": workers})
+        assert json_out.exit_code == table.exit_code == 0, json_out.output + table.output
+        outputs[workers] = (json_out.stdout, table.stdout)
+    assert outputs["1"] == outputs["3"]
+    lines = _lines(outputs["3"][0])
+    assert [o["trace_id"] for o in lines] == [f"{t:032x}" for t in range(1, 31)]
+    assert sum(o["verdict"] == "stuck" for o in lines) == 10
+    # Standard input is read once, by this process: --workers does not apply.
+    piped = runner.invoke(
+        app, ["replay", "-", "--json", "--workers", "3", *PINNED], input=(d / "part-0.json").read_bytes()
+    )
+    assert piped.exit_code == 0, piped.output
+    assert len(_lines(piped.stdout)) == 30
 
 
 def test_help_names_env_vars_and_default_of_empty_traces() -> None:

@@ -19,7 +19,10 @@ order, ties in start time keep input order, and nothing reads a clock.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -29,16 +32,27 @@ from tripwire.core.policy import LoopPolicy
 from tripwire.core.reasons import Rule, Verdict
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer, Signature
 from tripwire.engine import Engine, VerdictChanged
-from tripwire.replay.reader import DEFAULT_MAX_FILE_BYTES, FileBatch, Problem, read_batches
+from tripwire.errors import ConfigError
+from tripwire.replay.reader import (
+    DEFAULT_MAX_FILE_BYTES,
+    STDIN,
+    FileBatch,
+    Problem,
+    expand_paths,
+    read_batches,
+)
 from tripwire.spans import MAPPING_VERSION, MappingStats, RunBoundary, SpanView, map_span
 from tripwire.spans.otlp import DecodedSpan
 
 __all__ = [
+    "PARALLEL_MIN_BYTES",
     "FirstTrip",
     "Loaded",
+    "Replayed",
     "TraceCalls",
     "TraceResult",
     "load_traces",
+    "replay_all",
     "replay_trace",
     "replay_traces",
 ]
@@ -244,39 +258,41 @@ class _Collector:
         self.add_views(batch.spans, batch.source)
 
     def finish(self) -> Loaded:
-        normalizer = self.normalizer
-        signature = normalizer.signature
-        # Agents repeat calls (a loop is nothing else): a call whose tool and argument text were
-        # signed already takes that signature (a pure function of the two), not a new one.
-        signed: dict[tuple[str, str], Signature] = {}
-        for trace_id, b in self.builders.items():
-            b.calls.sort()  # by (start, seq): seq is unique, so the calls are never compared
-            calls = tuple(e[2] for e in b.calls)
-            sigs: list[Signature] = []
-            for c in calls:
-                args = c.arguments
-                if type(args) is not str:
-                    sigs.append(signature(c.tool, args))
-                    continue
-                key = (c.tool, args)
-                sig = signed.get(key)
-                if sig is None:
-                    if len(signed) >= _SIGNED_MEMO:
-                        signed.clear()
-                    sig = signed[key] = signature(c.tool, args)
-                sigs.append(sig)
-            self.loaded.traces.append(
-                TraceCalls(
-                    trace_id=trace_id,
-                    agent=_agent(b.boundaries),
-                    calls=calls,
-                    signatures=tuple(sigs),
-                    normalizer=normalizer,
-                    sources=tuple(b.sources),
-                )
-            )
+        self.loaded.traces.extend(_signed(self.builders.items(), self.normalizer))
         self.builders = {}
         return self.loaded
+
+
+def _signed(items: Iterable[tuple[str, _Builder]], normalizer: Normalizer) -> Iterator[TraceCalls]:
+    """Each trace's calls in start-time order, signed."""
+    signature = normalizer.signature
+    # Agents repeat calls (a loop is nothing else): a call whose tool and argument text were
+    # signed already takes that signature (a pure function of the two), not a new one.
+    signed: dict[tuple[str, str], Signature] = {}
+    for trace_id, b in items:
+        b.calls.sort()  # by (start, seq): seq is unique, so the calls are never compared
+        calls = tuple(e[2] for e in b.calls)
+        sigs: list[Signature] = []
+        for c in calls:
+            args = c.arguments
+            if type(args) is not str:
+                sigs.append(signature(c.tool, args))
+                continue
+            key = (c.tool, args)
+            sig = signed.get(key)
+            if sig is None:
+                if len(signed) >= _SIGNED_MEMO:
+                    signed.clear()
+                sig = signed[key] = signature(c.tool, args)
+            sigs.append(sig)
+        yield TraceCalls(
+            trace_id=trace_id,
+            agent=_agent(b.boundaries),
+            calls=calls,
+            signatures=tuple(sigs),
+            normalizer=normalizer,
+            sources=tuple(b.sources),
+        )
 
 
 def _agent(boundaries: list[tuple[float, int, RunBoundary]]) -> str | None:
@@ -318,6 +334,16 @@ def load_traces(
     Returns:
         The traces in order of first appearance, the problems met, and mapping counters.
     """
+    return _collect(source, normalizer, on_file, max_file_bytes).finish()
+
+
+def _collect(
+    source: str | os.PathLike[str] | Source,
+    normalizer: Normalizer,
+    on_file: Callable[[str, int], None] | None,
+    max_file_bytes: int,
+) -> _Collector:
+    """Read and map every span (not signed yet: see :meth:`_Collector.finish`)."""
     collector = _Collector(normalizer)
     items: Iterable[Any] = [source] if isinstance(source, (str, os.PathLike)) else source
     pending: list[str | os.PathLike[str]] = []
@@ -332,7 +358,7 @@ def load_traces(
             pending.append(item)
     for batch in read_batches(pending, on_file=on_file, max_file_bytes=max_file_bytes):
         collector.add_batch(batch)
-    return collector.finish()
+    return collector
 
 
 def replay_trace(trace: TraceCalls, policy: LoopPolicy) -> TraceResult:
@@ -400,6 +426,7 @@ def replay_traces(
     *,
     skip_empty: bool = False,
     problems: list[Problem] | None = None,
+    workers: int = 1,
 ) -> Iterator[TraceResult]:
     """Replay ``policy`` over every trace in ``source``: one :class:`TraceResult` per trace.
 
@@ -413,19 +440,257 @@ def replay_traces(
         problems: a list to collect input problems in; without one (``None``), the first
             problem (a missing path, a file that is not OTLP…) is raised as
             :class:`~tripwire.errors.InputError` instead of passing silently.
+        workers: processes to replay in (see :func:`replay_all`); the results do not depend
+            on it.
 
     All input is read before the first result (a trace's spans may be spread over several
     files); results come in order of the traces' first appearance.
     """
+    if workers != 1:
+        replayed = replay_all(source, policy, normalizer, skip_empty=skip_empty, workers=workers)
+        _report(replayed.problems, problems)
+        yield from replayed.results
+        return
     loaded = load_traces(source, normalizer or DEFAULT_NORMALIZER)
-    if problems is not None:
-        problems.extend(loaded.problems)
-    else:
-        first = next((p for p in loaded.problems if not p.skipped), None)
-        if first is not None:
-            raise first.to_error()
+    _report(loaded.problems, problems)
     pol = policy if policy is not None else LoopPolicy()
     for trace in loaded.traces:
         if skip_empty and not trace.calls:
             continue
         yield replay_trace(trace, pol)
+
+
+def _report(found: list[Problem], problems: list[Problem] | None) -> None:
+    if problems is not None:
+        problems.extend(found)
+        return
+    first = next((p for p in found if not p.skipped), None)
+    if first is not None:
+        raise first.to_error()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replayed:
+    """What :func:`replay_all` gives: one result per trace, and what the input held."""
+
+    results: list[TraceResult]
+    """One per trace, in order of first appearance (without the empty ones under
+    ``skip_empty``)."""
+    traces: int
+    """Traces in the input, with or without tool calls."""
+    files: int
+    """Inputs read."""
+    spans: int
+    """Spans read."""
+    duplicates: int
+    """Span reports dropped as duplicates (same span id, or same tool call id, twice)."""
+    problems: list[Problem]
+    """What could not be read (the rest was)."""
+    stats: MappingStats
+    """How the spans mapped."""
+    workers: int
+    """Processes the traces were replayed in (1: this one alone)."""
+
+
+PARALLEL_MIN_BYTES: Final = 16 * 1024 * 1024
+"""Below this much input on disk (about 20,000 GenAI tool spans of OTLP/JSON), ``workers=0``
+replays in this process alone: starting another one would cost more than it saves."""
+_MAX_AUTO_WORKERS: Final = 4
+
+_log = logging.getLogger("tripwire.replay")
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """What every process of a parallel replay starts from (inherited through ``fork``)."""
+
+    paths: list[str | os.PathLike[str]]
+    policy: LoopPolicy
+    normalizer: Normalizer
+    max_file_bytes: int
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Share:
+    """What one process of a parallel replay found: its traces' results and its counts."""
+
+    results: list[TraceResult]
+    traces: int
+    """Traces in the whole input (every process reads all of it: they must agree)."""
+    spans: int
+    """Spans in the whole input (likewise)."""
+    own_spans: int
+    duplicates: int
+    stats: MappingStats
+    files: int
+    problems: list[Problem]
+
+
+_JOB: _Job | None = None
+"""The job forked workers inherit (never pickled: only a share's number goes to a worker, and
+its results come back)."""
+
+
+def replay_all(
+    source: str | os.PathLike[str] | Source,
+    policy: LoopPolicy | None = None,
+    normalizer: Normalizer | None = None,
+    *,
+    skip_empty: bool = False,
+    on_file: Callable[[str, int], None] | None = None,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    workers: int = 1,
+) -> Replayed:
+    """Read ``source`` and replay ``policy`` over every trace, in up to ``workers`` processes.
+
+    With more than one process (on Linux, where ``fork`` starts them cheaply), each reads the
+    whole input, keeps every ``n``-th trace in order of first appearance, and maps, signs and
+    replays those; this process is one of them. Nothing large is copied between them: only
+    the results come back. The results are the same whatever ``workers`` is, in the same order.
+    Standard input and :class:`~tripwire.spans.SpanView` objects are replayed in this process
+    alone. Should a worker die (killed, out of memory) or the processes read different input
+    (a file changed meanwhile), everything is replayed again here alone, with a warning logged.
+
+    Args:
+        source, policy, normalizer, skip_empty: as for :func:`replay_traces`.
+        on_file, max_file_bytes: as for :func:`load_traces` (``on_file`` is called by this
+            process only).
+        workers: processes to use, this one included; 0 picks one per CPU (at most 4) when the
+            files take at least :data:`PARALLEL_MIN_BYTES` on disk, else 1.
+
+    Raises:
+        ConfigError: ``workers`` is negative.
+    """
+    if workers < 0:
+        raise ConfigError("workers", workers, "0 (one per CPU) or a number of processes")
+    norm = normalizer or DEFAULT_NORMALIZER
+    pol = policy if policy is not None else LoopPolicy()
+    paths = _files_only(source)
+    processes = _processes(workers, paths) if paths is not None else 1
+    if paths is not None and processes > 1:
+        job = _Job(paths, pol, norm, max_file_bytes, processes)
+        replayed = _replay_forked(job, on_file, skip_empty)
+        if replayed is not None:
+            return replayed
+        on_file = None  # the files were read once already: no second progress run
+    loaded = _collect(source, norm, on_file, max_file_bytes).finish()
+    return Replayed(
+        results=[replay_trace(t, pol) for t in loaded.traces if not (skip_empty and not t.calls)],
+        traces=len(loaded.traces),
+        files=loaded.files,
+        spans=loaded.spans,
+        duplicates=loaded.duplicates,
+        problems=loaded.problems,
+        stats=loaded.stats,
+        workers=1,
+    )
+
+
+def _files_only(source: str | os.PathLike[str] | Source) -> list[str | os.PathLike[str]] | None:
+    """``source`` as a list of paths, or ``None`` when it holds spans or standard input."""
+    items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    paths: list[str | os.PathLike[str]] = []
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)) or os.fspath(item) == STDIN:
+            return None
+        paths.append(item)
+    return paths
+
+
+def _processes(workers: int, paths: list[str | os.PathLike[str]]) -> int:
+    if not sys.platform.startswith("linux"):
+        return 1  # no fork: a spawned worker would start from nothing
+    if workers:
+        return workers
+    size = 0
+    for path, _ in expand_paths(paths):
+        with contextlib.suppress(OSError):  # reported when it is read
+            size += os.path.getsize(path)
+    if size < PARALLEL_MIN_BYTES:
+        return 1
+    return min(_MAX_AUTO_WORKERS, len(os.sched_getaffinity(0)))
+
+
+def _replay_share(share: int, on_file: Callable[[str, int], None] | None = None) -> _Share:
+    """Read all of :data:`_JOB`'s input; replay its traces number ``share``, ``share + n``…
+
+    Traces are numbered in order of first appearance, which every process sees alike.
+    """
+    job = _JOB
+    assert job is not None  # set by _replay_forked before any worker starts
+    n = job.processes
+    collector = _Collector(job.normalizer)
+    order: dict[str, int] = {}
+    spans = 0
+    for batch in read_batches(job.paths, on_file=on_file, max_file_bytes=job.max_file_bytes):
+        collector.loaded.files += 1
+        collector.loaded.problems.extend(batch.problems)
+        views = batch.spans
+        spans += len(views)
+        mine: list[SpanView] = []
+        for view in views:
+            tid = view.trace_id
+            number = order.get(tid)
+            if number is None:
+                number = order[tid] = len(order)
+            if number % n == share:
+                mine.append(view)
+        collector.add_views(mine, batch.source)
+        del batch, views, mine  # one file's spans at a time
+    loaded = collector.finish()
+    policy = job.policy
+    return _Share(
+        results=[replay_trace(t, policy) for t in loaded.traces],
+        traces=len(order),
+        spans=spans,
+        own_spans=loaded.spans,
+        duplicates=loaded.duplicates,
+        stats=loaded.stats,
+        files=loaded.files,
+        problems=loaded.problems,
+    )
+
+
+def _replay_forked(
+    job: _Job, on_file: Callable[[str, int], None] | None, skip_empty: bool
+) -> Replayed | None:
+    """Share 0 here, the others in forked workers; ``None`` when they could not be had."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    global _JOB
+    _JOB = job
+    n = job.processes
+    try:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=n - 1, mp_context=context) as pool:
+            futures = [pool.submit(_replay_share, k) for k in range(1, n)]
+            shares = [_replay_share(0, on_file)] + [f.result() for f in futures]
+    except (BrokenProcessPool, OSError) as exc:
+        # A worker was killed (out of memory, a signal) or could not start.
+        _log.warning("replay: a worker process failed (%s); replaying in this process alone", exc)
+        return None
+    finally:
+        _JOB = None
+    first = shares[0]
+    if any(s.traces != first.traces or s.spans != first.spans for s in shares):
+        _log.warning("replay: the input changed while it was read; replaying in this process alone")
+        return None
+    results: list[TraceResult] = [None] * first.traces  # type: ignore[list-item]  # all filled below
+    stats = MappingStats()
+    for k, share in enumerate(shares):
+        results[k::n] = share.results
+        for name in MappingStats.__slots__:
+            setattr(stats, name, getattr(stats, name) + getattr(share.stats, name))
+    return Replayed(
+        results=[r for r in results if r.tool_calls] if skip_empty else results,
+        traces=first.traces,
+        files=first.files,
+        spans=sum(s.own_spans for s in shares),
+        duplicates=sum(s.duplicates for s in shares),
+        problems=first.problems,
+        stats=stats,
+        workers=n,
+    )
