@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,12 @@ from tripwire.replay.reader import read_spans
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork-based workers are Linux-only")
 
 
-def _mixed(d: Path) -> list[str]:
-    """Four files of 24 traces, most of them spread over two files, and the trace ids in order
-    of first appearance."""
+def _mixed(d: Path, *, problem_first: bool = False) -> list[str]:
+    """Four files of 24 traces, most of them spread over two files, and a file that is not
+    OTLP (read first, or last); the trace ids in order of first appearance.
+
+    The first file is read before the other processes start (they share it in memory), the
+    others by every process."""
     d.mkdir()
     first: list[list[dict]] = [[], [], [], []]
     second: list[list[dict]] = [[], [], [], []]
@@ -57,7 +61,8 @@ def _mixed(d: Path) -> list[str]:
     ]
     for k in range(4):
         (d / f"part-{k}.json").write_text(dumps(request(first[k], second[k])))
-    (d / "labels.json").write_text('{"not": "otlp"}')  # a problem, found by the walk
+    labels = "a-labels.json" if problem_first else "z-labels.json"
+    (d / labels).write_text('{"not": "otlp"}')  # a problem, found by the walk
     seen: list[str] = []
     for view in read_spans([d]):
         if view.trace_id not in seen:
@@ -66,10 +71,12 @@ def _mixed(d: Path) -> list[str]:
     return seen
 
 
-@pytest.mark.parametrize("workers", [2, 3, 5])
-def test_the_results_are_those_of_one_process_in_the_same_order(tmp_path: Path, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "problem_first"), [(2, False), (3, False), (5, False), (2, True)])
+def test_the_results_are_those_of_one_process_in_the_same_order(
+    tmp_path: Path, workers: int, problem_first: bool
+) -> None:
     d = tmp_path / "traces"
-    ids = _mixed(d)
+    ids = _mixed(d, problem_first=problem_first)
     one = replay_all([d], LoopPolicy(), workers=1)
     many = replay_all([d], LoopPolicy(), workers=workers)
     assert one.workers == 1 and many.workers == workers
@@ -99,6 +106,15 @@ def test_skip_empty_and_more_processes_than_traces(tmp_path: Path) -> None:
     assert [r.trace_id for r in capped.results] == [trace_id(1), trace_id(2), trace_id(3)]
 
 
+def test_a_generator_of_paths_is_read_once_and_whole(tmp_path: Path) -> None:
+    d = tmp_path / "traces"
+    _mixed(d)
+    paths = sorted(d.iterdir())
+    for workers in (1, 2):
+        got = replay_all((p for p in paths), LoopPolicy(), workers=workers)
+        assert got.traces == 25 and got.workers == workers
+
+
 def test_replay_traces_takes_workers(tmp_path: Path) -> None:
     d = tmp_path / "traces"
     _mixed(d)
@@ -123,14 +139,14 @@ def test_a_worker_that_dies_is_replaced_by_this_process(
     d = tmp_path / "traces"
     _mixed(d)
     expected = replay_all([d], LoopPolicy(), workers=1)
-    parent, real = os.getpid(), engine.read_batches
+    parent, real = os.getpid(), engine.read_files
 
     def dying(*args: Any, **kwargs: Any) -> Any:
         if os.getpid() != parent:
             os._exit(9)  # killed: no exception, no result (what the OOM killer does)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "read_batches", dying)
+    monkeypatch.setattr(engine, "read_files", dying)
     with caplog.at_level(logging.WARNING, logger="tripwire.replay"):
         got = replay_all([d], LoopPolicy(), workers=2)
     assert got.workers == 1
@@ -138,6 +154,44 @@ def test_a_worker_that_dies_is_replaced_by_this_process(
     assert (got.spans, got.duplicates, got.problems) == (expected.spans, expected.duplicates, expected.problems)
     (warning,) = caplog.records  # logged once
     assert "worker process failed" in warning.message and "this process alone" in warning.message
+
+
+def test_a_worker_that_raises_is_replaced_by_this_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = tmp_path / "traces"
+    _mixed(d)
+    expected = replay_all([d], LoopPolicy(), workers=1)
+    parent, real = os.getpid(), engine.read_files
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if os.getpid() != parent:
+            raise MemoryError("no room")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "read_files", failing)
+    with caplog.at_level(logging.WARNING, logger="tripwire.replay"):
+        got = replay_all([d], LoopPolicy(), workers=3)
+    assert got.workers == 1 and got.results == expected.results
+    (warning,) = caplog.records
+    assert "MemoryError: no room" in warning.message
+
+
+def test_what_was_printed_before_is_printed_once(tmp_path: Path) -> None:
+    # Forked with unflushed output in its buffer, a worker would print it a second time.
+    d = tmp_path / "traces"
+    _mixed(d)
+    script = (
+        "import sys; from tripwire.replay.engine import replay_all\n"
+        "print('before', end=''); sys.stderr.write('err-before')\n"
+        f"r = replay_all([{str(d)!r}], workers=3)\n"
+        "print(' after', r.workers, len(r.results))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # block-buffered output
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "before after 3 25\n"
+    assert done.stderr.count("err-before") == 1
 
 
 def test_processes_that_read_different_input_fall_back_to_one(
@@ -148,13 +202,13 @@ def test_processes_that_read_different_input_fall_back_to_one(
     other = tmp_path / "other.json"
     other.write_text(dumps(request(repeated(77, 6))))
     expected = replay_all([d], LoopPolicy(), workers=1)
-    parent, real = os.getpid(), engine.read_batches
+    parent, real = os.getpid(), engine.read_files
 
-    def changed(paths: Any, **kwargs: Any) -> Any:
+    def changed(files: Any, **kwargs: Any) -> Any:
         # The worker reads other input, as if the files had changed between the two reads.
-        return real([other] if os.getpid() != parent else paths, **kwargs)
+        return real([(str(other), False)] if os.getpid() != parent else files, **kwargs)
 
-    monkeypatch.setattr(engine, "read_batches", changed)
+    monkeypatch.setattr(engine, "read_files", changed)
     with caplog.at_level(logging.WARNING, logger="tripwire.replay"):
         got = replay_all([d], LoopPolicy(), workers=2)
     assert got.workers == 1 and got.results == expected.results

@@ -20,6 +20,7 @@ order, ties in start time keep input order, and nothing reads a clock.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import sys
@@ -40,6 +41,7 @@ from tripwire.replay.reader import (
     Problem,
     expand_paths,
     read_batches,
+    read_files,
 )
 from tripwire.spans import MAPPING_VERSION, MappingStats, RunBoundary, SpanView, map_span
 from tripwire.spans.otlp import DecodedSpan
@@ -504,7 +506,10 @@ _log = logging.getLogger("tripwire.replay")
 class _Job:
     """What every process of a parallel replay starts from (inherited through ``fork``)."""
 
-    paths: list[str | os.PathLike[str]]
+    files: list[tuple[str, bool]]
+    """The input files, as :func:`~tripwire.replay.reader.expand_paths` found them."""
+    first: FileBatch
+    """The first file, read before the others started (they share it as it is in memory)."""
     policy: LoopPolicy
     normalizer: Normalizer
     max_file_bytes: int
@@ -544,9 +549,10 @@ def replay_all(
 ) -> Replayed:
     """Read ``source`` and replay ``policy`` over every trace, in up to ``workers`` processes.
 
-    With more than one process (on Linux, where ``fork`` starts them cheaply), each reads the
-    whole input, keeps every ``n``-th trace in order of first appearance, and maps, signs and
-    replays those; this process is one of them. Nothing large is copied between them: only
+    With more than one process (on Linux, where ``fork`` starts them cheaply), this process
+    reads the first file, then starts the others, which find it in memory as it is; every
+    process reads the other files itself, keeps every ``n``-th trace in order of first
+    appearance, and maps, signs and replays those. Nothing large is copied between them: only
     the results come back. The results are the same whatever ``workers`` is, in the same order.
     Standard input and :class:`~tripwire.spans.SpanView` objects are replayed in this process
     alone. Should a worker die (killed, out of memory) or the processes read different input
@@ -566,10 +572,13 @@ def replay_all(
         raise ConfigError("workers", workers, "0 (one per CPU) or a number of processes")
     norm = normalizer or DEFAULT_NORMALIZER
     pol = policy if policy is not None else LoopPolicy()
-    paths = _files_only(source)
-    processes = _processes(workers, paths) if paths is not None else 1
-    if paths is not None and processes > 1:
-        job = _Job(paths, pol, norm, max_file_bytes, processes)
+    if not isinstance(source, (str, os.PathLike)):
+        source = list(source)  # looked through here, then read: a generator would be spent
+    files = _files_only(source)
+    processes = _processes(workers, files) if files else 1
+    if files and processes > 1:
+        (first,) = read_files(files[:1], on_file=on_file, max_file_bytes=max_file_bytes)
+        job = _Job(files, first, pol, norm, max_file_bytes, processes)
         replayed = _replay_forked(job, on_file, skip_empty)
         if replayed is not None:
             return replayed
@@ -587,24 +596,26 @@ def replay_all(
     )
 
 
-def _files_only(source: str | os.PathLike[str] | Source) -> list[str | os.PathLike[str]] | None:
-    """``source`` as a list of paths, or ``None`` when it holds spans or standard input."""
-    items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+def _files_only(source: str | os.PathLike[str] | Source) -> list[tuple[str, bool]] | None:
+    """The input files of ``source``, or ``None`` when it holds spans or standard input."""
     paths: list[str | os.PathLike[str]] = []
-    for item in items:
-        if not isinstance(item, (str, os.PathLike)) or os.fspath(item) == STDIN:
+    for item in [source] if isinstance(source, (str, os.PathLike)) else source:
+        if not isinstance(item, (str, os.PathLike)):
             return None
         paths.append(item)
-    return paths
+    files = list(expand_paths(paths))
+    if any(path == STDIN for path, _ in files):
+        return None
+    return files
 
 
-def _processes(workers: int, paths: list[str | os.PathLike[str]]) -> int:
+def _processes(workers: int, files: list[tuple[str, bool]]) -> int:
     if not sys.platform.startswith("linux"):
         return 1  # no fork: a spawned worker would start from nothing
     if workers:
         return workers
     size = 0
-    for path, _ in expand_paths(paths):
+    for path, _ in files:
         with contextlib.suppress(OSError):  # reported when it is read
             size += os.path.getsize(path)
     if size < PARALLEL_MIN_BYTES:
@@ -623,7 +634,8 @@ def _replay_share(share: int, on_file: Callable[[str, int], None] | None = None)
     collector = _Collector(job.normalizer)
     order: dict[str, int] = {}
     spans = 0
-    for batch in read_batches(job.paths, on_file=on_file, max_file_bytes=job.max_file_bytes):
+    rest = read_files(job.files[1:], on_file=on_file, max_file_bytes=job.max_file_bytes)
+    for batch in itertools.chain((job.first,), rest):
         collector.loaded.files += 1
         collector.loaded.problems.extend(batch.problems)
         views = batch.spans
@@ -652,28 +664,57 @@ def _replay_share(share: int, on_file: Callable[[str, int], None] | None = None)
     )
 
 
+def _worker(share: int, send: Any) -> None:
+    """A forked process's whole life: its share's result, or why there is none, to ``send``."""
+    try:
+        result: _Share | str = _replay_share(share)
+    except BaseException as exc:  # anything at all: the parent says it and replays alone
+        result = f"{type(exc).__name__}: {exc}"
+    with contextlib.suppress(OSError):  # the parent stopped listening (interrupted): nothing to say
+        send.send(result)
+        send.close()
+
+
 def _replay_forked(
     job: _Job, on_file: Callable[[str, int], None] | None, skip_empty: bool
 ) -> Replayed | None:
-    """Share 0 here, the others in forked workers; ``None`` when they could not be had."""
+    """Share 0 here, each other share in a forked process of its own; ``None`` when one of
+    them gave no result (see :func:`replay_all`)."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
 
     global _JOB
     _JOB = job
     n = job.processes
+    context = multiprocessing.get_context("fork")
+    workers: list[tuple[Any, Any]] = []
     try:
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=n - 1, mp_context=context) as pool:
-            futures = [pool.submit(_replay_share, k) for k in range(1, n)]
-            shares = [_replay_share(0, on_file)] + [f.result() for f in futures]
-    except (BrokenProcessPool, OSError) as exc:
-        # A worker was killed (out of memory, a signal) or could not start.
-        _log.warning("replay: a worker process failed (%s); replaying in this process alone", exc)
+        for k in range(1, n):  # (multiprocessing flushes stdout and stderr before each fork)
+            receive, send = context.Pipe(duplex=False)
+            process = context.Process(target=_worker, args=(k, send), daemon=True)
+            process.start()
+            send.close()
+            workers.append((process, receive))
+        shares = [_replay_share(0, on_file)]
+        for _process, receive in workers:
+            share = receive.recv()  # EOFError when the worker died before it sent anything
+            if not isinstance(share, _Share):
+                raise ChildProcessError(share)
+            shares.append(share)
+    except (OSError, EOFError, ChildProcessError) as exc:
+        # A worker was killed (out of memory, a signal), could not start, or failed.
+        _log.warning(
+            "replay: a worker process failed (%s); replaying in this process alone",
+            exc or type(exc).__name__,
+        )
         return None
     finally:
         _JOB = None
+        for process, receive in workers:
+            receive.close()
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join()
     first = shares[0]
     if any(s.traces != first.traces or s.spans != first.spans for s in shares):
         _log.warning("replay: the input changed while it was read; replaying in this process alone")

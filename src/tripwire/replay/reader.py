@@ -58,6 +58,7 @@ __all__ = [
     "expand_paths",
     "read_batches",
     "read_bytes",
+    "read_files",
     "read_spans",
 ]
 
@@ -384,7 +385,17 @@ def read_batches(
         max_file_bytes: the most one input may take, on disk and once decompressed; a larger
             one is a problem, and nothing past the cap is read.
     """
-    for path, walked in expand_paths(paths):
+    return read_files(expand_paths(paths), on_file=on_file, max_file_bytes=max_file_bytes)
+
+
+def read_files(
+    files: Iterable[tuple[str, bool]],
+    *,
+    on_file: Callable[[str, int], None] | None = None,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> Iterator[FileBatch]:
+    """:func:`read_batches` of what :func:`expand_paths` gave: ``(path, found_in_walk)``."""
+    for path, walked in files:
         if path == STDIN:
             data = sys.stdin.buffer.read(max_file_bytes + 1)
             if on_file is not None:
