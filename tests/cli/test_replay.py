@@ -263,6 +263,7 @@ def test_help_names_env_vars_and_default_of_empty_traces() -> None:
     text = " ".join(result.stdout.split())  # help is wrapped to the terminal
     assert "TRIPWIRE_WINDOW" in text
     assert "By default they are reported" in text
+    assert "--workers" in text and "TRIPWIRE_WORKERS" in text and "16 MiB" in text
 
 
 # -- configuration: one loader for options, variables and files -----------------------------

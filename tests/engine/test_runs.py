@@ -75,6 +75,8 @@ def test_a_stuck_run_that_repeats_again_says_so_at_each_repeated_call() -> None:
     (again,) = engine.observe(tool())
     assert isinstance(again, StillStuck) and again.call_index == 5
     assert again.assessment.verdict is Verdict.STUCK
+    assert again.assessment.hits == 5  # the verdict in force now, counting the repeat
+    assert engine.verdict(1) is again.assessment
 
 
 def test_a_run_that_obeys_the_nudge_is_not_told_again() -> None:

@@ -133,48 +133,64 @@ def test_spans_stay_in_this_process(tmp_path: Path) -> None:
     assert [r.to_json() for r in from_views.results] == [r.to_json() for r in expected]
 
 
-def test_a_worker_that_dies_is_replaced_by_this_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def _fallback(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    in_worker: Any,
+    workers: int = 2,
+) -> str:
+    """Replay with ``in_worker(files, real_read_files)`` standing in for the workers' reading
+    (this process reads as usual); check the result is one process's and return the warning."""
     d = tmp_path / "traces"
     _mixed(d)
     expected = replay_all([d], LoopPolicy(), workers=1)
     parent, real = os.getpid(), engine.read_files
 
-    def dying(*args: Any, **kwargs: Any) -> Any:
+    def read_files(files: Any, **kwargs: Any) -> Any:
         if os.getpid() != parent:
-            os._exit(9)  # killed: no exception, no result (what the OOM killer does)
-        return real(*args, **kwargs)
+            return in_worker(files, lambda f: real(f, **kwargs))
+        return real(files, **kwargs)
 
-    monkeypatch.setattr(engine, "read_files", dying)
+    monkeypatch.setattr(engine, "read_files", read_files)
     with caplog.at_level(logging.WARNING, logger="tripwire.replay"):
-        got = replay_all([d], LoopPolicy(), workers=2)
+        got = replay_all([d], LoopPolicy(), workers=workers)
     assert got.workers == 1
     assert got.results == expected.results
     assert (got.spans, got.duplicates, got.problems) == (expected.spans, expected.duplicates, expected.problems)
     (warning,) = caplog.records  # logged once
-    assert "worker process failed" in warning.message and "this process alone" in warning.message
+    return warning.message
+
+
+def test_a_worker_that_dies_is_replaced_by_this_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def killed(files: Any, read: Any) -> Any:
+        os._exit(9)  # no exception, no result: what the OOM killer leaves
+
+    message = _fallback(tmp_path, monkeypatch, caplog, killed)
+    assert "worker process failed" in message and "this process alone" in message
 
 
 def test_a_worker_that_raises_is_replaced_by_this_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    d = tmp_path / "traces"
-    _mixed(d)
-    expected = replay_all([d], LoopPolicy(), workers=1)
-    parent, real = os.getpid(), engine.read_files
+    def failing(files: Any, read: Any) -> Any:
+        raise MemoryError("no room")
 
-    def failing(*args: Any, **kwargs: Any) -> Any:
-        if os.getpid() != parent:
-            raise MemoryError("no room")
-        return real(*args, **kwargs)
+    assert "MemoryError: no room" in _fallback(tmp_path, monkeypatch, caplog, failing, workers=3)
 
-    monkeypatch.setattr(engine, "read_files", failing)
-    with caplog.at_level(logging.WARNING, logger="tripwire.replay"):
-        got = replay_all([d], LoopPolicy(), workers=3)
-    assert got.workers == 1 and got.results == expected.results
-    (warning,) = caplog.records
-    assert "MemoryError: no room" in warning.message
+
+def test_processes_that_read_different_input_fall_back_to_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    other = tmp_path / "other.json"
+    other.write_text(dumps(request(repeated(77, 6))))
+
+    def changed(files: Any, read: Any) -> Any:
+        return read([(str(other), False)])  # as if the files had changed between two reads
+
+    assert "input changed" in _fallback(tmp_path, monkeypatch, caplog, changed)
 
 
 def test_what_was_printed_before_is_printed_once(tmp_path: Path) -> None:
@@ -192,28 +208,6 @@ def test_what_was_printed_before_is_printed_once(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout == "before after 3 25\n"
     assert done.stderr.count("err-before") == 1
-
-
-def test_processes_that_read_different_input_fall_back_to_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    d = tmp_path / "traces"
-    _mixed(d)
-    other = tmp_path / "other.json"
-    other.write_text(dumps(request(repeated(77, 6))))
-    expected = replay_all([d], LoopPolicy(), workers=1)
-    parent, real = os.getpid(), engine.read_files
-
-    def changed(files: Any, **kwargs: Any) -> Any:
-        # The worker reads other input, as if the files had changed between the two reads.
-        return real([(str(other), False)] if os.getpid() != parent else files, **kwargs)
-
-    monkeypatch.setattr(engine, "read_files", changed)
-    with caplog.at_level(logging.WARNING, logger="tripwire.replay"):
-        got = replay_all([d], LoopPolicy(), workers=2)
-    assert got.workers == 1 and got.results == expected.results
-    (warning,) = caplog.records
-    assert "input changed" in warning.message
 
 
 def test_workers_zero_picks_one_per_cpu_for_large_input_only(tmp_path: Path) -> None:

@@ -197,3 +197,39 @@ def test_a_run_repeating_itself_in_one_request_is_announced_once(redis_service: 
     pubsub.close()
     client.delete(KEY_PREFIX + tid)  # type: ignore[attr-defined]
     assert [m["hits"] for m in ours] == [flag["hits"]]
+
+
+def test_without_redis_a_flag_goes_up_with_its_request_and_again_after_an_operator_lowers_it(
+    sqlite_store: RunStore,
+) -> None:
+    # The flag is a row of the store. It goes up in the request whose call made the run stuck
+    # (written with that transition). A repeat renews it (its latest state) with the routine
+    # writes; once an operator lowered it, the next repeat raises it again in its own request.
+    config = ServeConfig(tokens=(TOKEN,), reorder_s=0.0, flush_s=0.05)
+    spans = [s for s in loop_spans(12) if s.parent is not None]
+    tid = trace_id_of(spans)
+    headers = {"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {TOKEN}"}
+    with running_service(config, sqlite_store) as r:
+
+        def post(part: list) -> None:
+            got = httpx.post(f"{r.url}/v1/traces", content=protobuf_body(part), headers=headers, timeout=30)
+            assert got.status_code == 200
+
+        def flag() -> dict | None:
+            return httpx.get(f"{r.url}/api/flags/{tid}", headers=r.headers(), timeout=30).json()["flag"]
+
+        post(spans[:5])  # stuck at the 4th call
+        first = flag()
+        assert first is not None and first["kind"] == "loop" and first["hits"] == 5  # its latest state
+        assert sqlite_store.run(tid).killed is True  # type: ignore[union-attr]
+        post(spans[5:8])  # three repeats: the flag is renewed with their latest state
+        deadline = time.monotonic() + 10
+        while (flag() or {}).get("hits") != 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        renewed = flag()
+        assert renewed is not None and renewed["hits"] == 8 and renewed["at"] >= first["at"]
+        got = httpx.post(f"{r.url}/api/runs/{tid}/resolve", headers=r.headers(), timeout=30)
+        assert got.status_code == 200 and flag() is None
+        post(spans[8:9])  # it repeats once more: up again, before the request is answered
+        again = flag()
+        assert again is not None and again["hits"] == 9

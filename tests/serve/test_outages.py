@@ -76,9 +76,13 @@ def test_a_postgres_outage_is_503_then_nothing_lost(pg_proxy: TcpProxy) -> None:
         row = check.run(trace_id)
         history = check.verdicts(trace_id)
         alerts = [o for o in check.outbox() if o["trace_id"] == trace_id]
+        flag = check.flag(trace_id, time.time())
         check.dispose()
         store.dispose()
     assert row is not None and row.verdict == "stuck" and row.status == "ended"
+    # Its kill flag went up with the transition once the store answered again (no Redis: the
+    # flag is a row of the store, written in the transaction of the transition).
+    assert row.killed is True and flag is not None and flag["reason"] == "loop_detected"
     assert row.tool_calls == 6
     assert [v.verdict for v in history].count("stuck") == 1
     assert [a["action"] for a in alerts].count("trigger") == 1

@@ -126,8 +126,8 @@ def replay(
         int,
         typer.Option(
             "--workers", envvar="TRIPWIRE_WORKERS", min=0,
-            help="Processes to replay the traces in (Linux; 0 = one per CPU, at most 4, from "
-            "20,000 tool calls up). The output does not depend on it.",
+            help="Processes to replay the traces in (Linux; 0 = one per CPU, at most 4, once "
+            "the input takes 16 MiB or more). The output does not depend on it.",
         ),
     ] = 0,
 ) -> None:

@@ -354,7 +354,10 @@ class Engine:
         elif repeated:
             assert previous is not None
             stats.still_stuck += 1
-            out.append(StillStuck(trace_id=tid, assessment=previous, call_index=state.calls))
+            held = state.current  # the stuck verdict again, counting this call
+            out.append(
+                StillStuck(trace_id=tid, assessment=held if held is not None else previous, call_index=state.calls)
+            )
         if stops:
             assert meter is not None
             counters = meter.counters()

@@ -97,7 +97,8 @@ class StillStuck(msgspec.Struct, frozen=True, kw_only=True):
 
     trace_id: TraceId
     assessment: Assessment
-    """The verdict in force (the assessment that made the run stuck)."""
+    """The verdict in force after this call: ``stuck`` by the rule that made the run stuck,
+    its counts including this call (what a flag raised again should say)."""
     call_index: int
     """1-based index of the call that repeated."""
 

@@ -53,12 +53,12 @@ from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
 from tripwire.errors import ConfigError, InputError
 from tripwire.serve.alerts import Alerts, AlertTarget, Sender
-from tripwire.serve.fleet import Fleet, Outcome
+from tripwire.serve.fleet import Fleet, Kill, Outcome
 from tripwire.serve.killchannel import KillChannel, RedisKillChannel, StoreKillChannel, flag_payload
 from tripwire.serve.metrics import Metrics
 from tripwire.serve.otlp import BodyTooLarge, decode_request, decompress
 from tripwire.serve.spool import Spool, SpoolBusy
-from tripwire.store.runs import Batch, RunStore
+from tripwire.store.runs import Batch, FlagRow, RunStore
 
 __all__ = ["ServeConfig", "Service", "create_app"]
 
@@ -66,6 +66,8 @@ logger = logging.getLogger("tripwire.serve")
 
 _PROTOBUF: Final = "application/x-protobuf"
 _JSON: Final = "application/json"
+_FLAGS_UP_MAX: Final = 100_000
+"""Flags raised in the store that a receiver remembers as up (the oldest forgotten first)."""
 RECENT_REQUESTS: Final = 4096
 """Digests of the latest export requests a receiver applied (16 bytes each, in memory), so that
 an exporter's retry of one (its answer timed out or was lost) is acknowledged, not counted twice.
@@ -164,6 +166,11 @@ class Service:
             if config.redis_url
             else StoreKillChannel(self.store)
         )
+        self._flags_in_store = isinstance(self.kill, StoreKillChannel) and self.kill.store is self.store
+        """The flags are rows of this store: they go up with the transitions (see _commit)."""
+        self._flags_up: OrderedDict[str, float] = OrderedDict()
+        """The flags this receiver raised in the store, and when each expires (forgotten when an
+        operator lowers one through this receiver)."""
         self.alerts = Alerts(config.alerts, dashboard_url=config.dashboard_url)
         self.sender = Sender(self.store, config.alerts)
         self.inflight = 0
@@ -352,6 +359,7 @@ class Service:
                 else:
                     carry.runs.extend(it.runs)
                     carry.calls.extend(it.calls)
+                    carry.flags.extend(it.flags)
             if carry is not None:
                 if self._write_routine(carry):
                     carry = None
@@ -367,6 +375,8 @@ class Service:
         # Keep the newest row of each run only (rows are cumulative), and a bounded timeline.
         latest = {row.trace_id: row for row in batch.runs}
         batch.runs = list(latest.values())
+        if batch.flags:
+            batch.flags = list({flag.trace_id: flag for flag in batch.flags}.values())
         if len(batch.calls) > 200_000:
             self._log_once("calls-dropped", "the store is far behind: the oldest timeline rows "
                            "of the unwritten backlog are dropped (counters and verdicts are kept)")
@@ -418,10 +428,12 @@ class Service:
             raise
 
     def _commit(self, out: Outcome) -> None:
-        """Write ``out``; what is done is taken out of it, so a retry never writes it twice."""
-        if out.urgent:
-            self.store.write(out.urgent)
-            out.urgent = Batch()
+        """Write ``out``; what is done is taken out of it, so a retry never writes it twice.
+
+        Without Redis the flags are rows of the store: they go up in the transaction that
+        writes the transitions that raised them (one transaction, not three)."""
+        payloads: list[dict[str, Any]] = []
+        first: list[Kill] = []
         if out.kills:
             now = self.clock()
             # One flag per run and step: a stuck run that repeated itself ten times in one
@@ -432,6 +444,37 @@ class Service:
                 for k in latest.values()
             ]
             first = [k for k in out.kills if not k.again]
+            if self._flags_in_store:
+                ttl = self.config.flag_ttl_s
+                up = self._flags_up
+                fresh = now + ttl / 2
+                urgent: list[FlagRow] = []
+                renewed: list[FlagRow] = []
+                for p in payloads:
+                    tid = p["trace_id"]
+                    row = FlagRow(tid, p.get("reason", ""), json.dumps(p), now, now + ttl)
+                    # A flag this receiver raised and nobody lowered since, far from expiring,
+                    # is up: renewing it (a stuck run that repeated itself) can wait for the
+                    # routine writes instead of holding the request behind them.
+                    expires = up.get(tid)
+                    (renewed if expires is not None and expires > fresh else urgent).append(row)
+                out.urgent.killed = [k.trace_id for k in first]  # set, not added: a retry redoes it
+                out.urgent.flags = urgent
+                out.routine.flags = renewed
+        if out.urgent:
+            self.store.write(out.urgent)
+            out.urgent = Batch()
+        if out.kills and self._flags_in_store:
+            up = self._flags_up
+            for p in payloads:
+                tid = p["trace_id"]
+                up.pop(tid, None)
+                up[tid] = p["at"] + self.config.flag_ttl_s
+            while len(up) > _FLAGS_UP_MAX:
+                up.popitem(last=False)
+            for k in first:
+                self.metrics.kills.labels(reason=k.reason.value).inc()
+        elif out.kills:
             self.store.mark_killed([k.trace_id for k in first])
             try:
                 self.kill.raise_flags(payloads, self.config.flag_ttl_s)
@@ -451,6 +494,11 @@ class Service:
             else:
                 self.store.write(out.routine)
             out.routine = Batch()
+
+    def flag_lowered(self, trace_id: str) -> None:
+        """An operator lowers the run's flag: should the run repeat itself, it goes up again
+        with the transitions of that request, not with the routine writes."""
+        self._flags_up.pop(trace_id, None)
 
     def _retry_unwritten(self) -> None:
         while self.unwritten:
@@ -795,6 +843,7 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
             await asyncio.to_thread(svc.kill.raise_flag, payload, svc.config.flag_ttl_s)
             await asyncio.to_thread(svc.store.set_flags, trace_id, killed=True, resolved=False)
         elif action == "resolve":
+            svc.flag_lowered(trace_id)
             await asyncio.to_thread(svc.kill.clear, trace_id)
             await asyncio.to_thread(svc.store.set_flags, trace_id, resolved=True, killed=False)
         elif action == "acknowledge":

@@ -17,10 +17,11 @@ Every method is synchronous and short; the service calls them from a worker thre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -35,6 +36,7 @@ from tripwire.errors import ConfigError
 __all__ = [
     "Batch",
     "CallRow",
+    "FlagRow",
     "OutboxItem",
     "RunRow",
     "RunStore",
@@ -270,6 +272,18 @@ class OutboxItem:
     next_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class FlagRow:
+    """A run's kill flag, as the store keeps it when there is no Redis."""
+
+    trace_id: str
+    reason: str
+    message: str
+    """The flag's JSON object (what ``GET /api/flags/<trace_id>`` answers)."""
+    raised_at: float
+    expires_at: float
+
+
 @dataclass(slots=True)
 class Batch:
     """What one processing step writes, in one transaction (see :meth:`RunStore.write`)."""
@@ -279,9 +293,13 @@ class Batch:
     calls: list[CallRow] = field(default_factory=list)
     alerts: list[tuple[str, str, str, str, dict[str, Any]]] = field(default_factory=list)
     """``(dedupe_key, trace_id, target, action, payload)``."""
+    killed: list[str] = field(default_factory=list)
+    """Runs whose flag went up (their rows' ``killed`` is set, after the rows above)."""
+    flags: list[FlagRow] = field(default_factory=list)
+    """Kill flags to raise or renew (when the store is the kill channel)."""
 
     def __bool__(self) -> bool:
-        return bool(self.runs or self.verdicts or self.calls or self.alerts)
+        return bool(self.runs or self.verdicts or self.calls or self.alerts or self.killed or self.flags)
 
 
 _RUN_COLUMNS: Final = tuple(c.name for c in runs.columns)
@@ -394,13 +412,8 @@ class RunStore:
         """Write one processing step in one transaction: run upserts, verdicts, calls, alerts."""
         if not batch:
             return
-        lock = self._write_lock
-        if lock is not None:
-            with lock, self.engine.begin() as conn:
-                self._write(conn, batch)
-        else:
-            with self.engine.begin() as conn:
-                self._write(conn, batch)
+        with self._writing() as conn:
+            self._write(conn, batch)
 
     def _upsert(self, table: sa.Table) -> _Upsert:
         """The upsert of ``table``'s rows, compiled once for this store's database."""
@@ -454,6 +467,10 @@ class RunStore:
                     ),
                     [{"t": t, "below": top - MAX_CALLS_PER_RUN} for t, top in tops.items()],
                 )
+        if batch.killed:
+            conn.execute(runs.update().where(runs.c.trace_id.in_(sorted(set(batch.killed)))).values(killed=True))
+        if batch.flags:
+            self._upsert(flags).execute(conn, batch.flags, _as_dict)
         if batch.alerts:
             stmt = self._insert(outbox).on_conflict_do_nothing(index_elements=[outbox.c.dedupe_key])
             conn.execute(
@@ -475,9 +492,7 @@ class RunStore:
 
     def mark_killed(self, trace_ids: list[str]) -> None:
         """Set ``killed`` on many runs in one statement (after their flags went up)."""
-        if trace_ids:
-            with self._writing() as conn:
-                conn.execute(runs.update().where(runs.c.trace_id.in_(trace_ids)).values(killed=True))
+        self.write(Batch(killed=list(trace_ids)))
 
     def set_flags(self, trace_id: str, **values: bool) -> bool:
         """Set ``killed`` / ``acknowledged`` / ``resolved`` on a run; False if no such run."""
@@ -499,21 +514,7 @@ class RunStore:
 
     def raise_flags(self, items: list[tuple[str, str, str]], now: float, ttl_s: float) -> None:
         """Raise (or renew) the kill flags ``(trace_id, reason, message)`` in one transaction."""
-        if not items:
-            return
-        stmt = self._insert(flags)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[flags.c.trace_id],
-            set_={c: stmt.excluded[c] for c in ("reason", "message", "raised_at", "expires_at")},
-        )
-        with self._writing() as conn:
-            conn.execute(
-                stmt,
-                [
-                    {"trace_id": t, "reason": r, "message": m, "raised_at": now, "expires_at": now + ttl_s}
-                    for t, r, m in items
-                ],
-            )
+        self.write(Batch(flags=[FlagRow(t, r, m, now, now + ttl_s) for t, r, m in items]))
 
     def clear_flag(self, trace_id: str) -> bool:
         """Lower a run's kill flag; True if one was up."""
@@ -664,29 +665,16 @@ class RunStore:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _writing(self) -> Any:
-        store = self
-
-        class _Ctx:
-            def __enter__(self) -> Connection:
-                if store._write_lock is not None:
-                    store._write_lock.acquire()
-                try:
-                    self.ctx = store.engine.begin()
-                    return self.ctx.__enter__()
-                except BaseException:
-                    if store._write_lock is not None:
-                        store._write_lock.release()
-                    raise
-
-            def __exit__(self, *exc: Any) -> None:
-                try:
-                    self.ctx.__exit__(*exc)
-                finally:
-                    if store._write_lock is not None:
-                        store._write_lock.release()
-
-        return _Ctx()
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[Connection]:
+        """A write transaction, one at a time on SQLite (its single writer)."""
+        lock = self._write_lock
+        if lock is None:
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        with lock, self.engine.begin() as conn:
+            yield conn
 
     def truncate(self) -> None:
         """Delete every row of every table (tests)."""
