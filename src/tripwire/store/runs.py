@@ -409,7 +409,8 @@ class RunStore:
     # -- writes -----------------------------------------------------------------------------
 
     def write(self, batch: Batch) -> None:
-        """Write one processing step in one transaction: run upserts, verdicts, calls, alerts."""
+        """Write one processing step in one transaction: run upserts, verdicts, calls, runs'
+        ``killed``, kill flags, alerts."""
         if not batch:
             return
         with self._writing() as conn:
