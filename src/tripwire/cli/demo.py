@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from tripwire.cli import app
@@ -67,7 +68,7 @@ def demo(
             str(o.planned),
             _cell(o.cap_stop, cap_w, cap_c),
             _cell(o.tripwire_stop, tw_w, tw_c),
-            f"[{_STYLE[o.verdict]}]{o.verdict.value}[/]: {o.reason}",
+            f"[{_STYLE[o.verdict]}]{o.verdict.value}[/]: {escape(o.reason)}",  # "[policy.polls.x]" is text
         )
     print_table(table)
     out_console.print(
