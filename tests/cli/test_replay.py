@@ -381,3 +381,36 @@ def test_an_error_in_a_variable_names_the_variable_not_the_option(traces: Path) 
     result = runner.invoke(app, ["replay", str(traces)], env={"TRIPWIRE_WINDOW": "2"})
     assert result.exit_code == 2, result.output
     assert "TRIPWIRE_WINDOW 2" in result.stderr and "--window" not in result.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal of the Linux kind")
+def test_on_a_terminal_the_bars_say_reading_then_replaying(tmp_path: Path) -> None:
+    import os
+    import pty
+    import subprocess
+
+    d = tmp_path / "many"
+    d.mkdir()
+    for t in range(1, 1201):  # 1,200 traces in 240 files: past the bar's threshold of 200 files
+        _write(d / f"t-{t // 5:04d}-{t % 5}.json", _working(t, 2))
+    main_fd, terminal = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "CI")} | {"COLUMNS": "120", "TERM": "xterm"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from tripwire.cli import main; main()", "replay", str(d), "--json"],
+        stdout=subprocess.DEVNULL, stderr=terminal, env=env,
+    )
+    os.close(terminal)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main_fd, 65536)
+        except OSError:  # the terminal's other end closed: the process is done
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(main_fd)
+    assert proc.wait(timeout=120) == 0
+    text = seen.decode(errors="replace")
+    assert "reading traces" in text
+    assert "replaying traces" in text and "1,200/1,200 traces" in text

@@ -231,3 +231,18 @@ def test_negative_workers_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         replay_all(tmp_path, workers=-1)
     assert info.value.field == "workers"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_of_the_replay_goes_up_to_every_trace(tmp_path: Path, workers: int) -> None:
+    d = tmp_path / "many"
+    d.mkdir()
+    spans = [tool_span(t, 100 + i, "search_docs", {"q": t}, at=i + 1) for t in range(1, 2501) for i in range(2)]
+    (d / "calls.json").write_text(dumps(request(spans)))
+    seen: list[tuple[int, int]] = []
+    got = replay_all(d, LoopPolicy(), workers=workers, on_replayed=lambda done, total: seen.append((done, total)))
+    assert got.workers == workers and len(got.results) == 2500
+    assert seen[-1] == (2500, 2500)
+    assert {total for _, total in seen} == {2500}
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)  # it never goes back
+    assert seen[0][0] < 2500  # and says so on the way, not only at the end

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Annotated, Any, Final, NoReturn
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from tripwire.cli._common import EXIT_USAGE, abort, err_console
 from tripwire.config import Config, load_config
@@ -31,6 +31,7 @@ __all__ = [
     "abort_plain",
     "parse_size",
     "reading_progress",
+    "replay_progress",
     "report_problems",
     "resolve_config",
     "resolve_policy",
@@ -304,8 +305,21 @@ def reading_progress(paths: Sequence[str]) -> Iterator[Callable[[str, int], None
 
     No bar for small inputs, for standard input, or when stderr is not a terminal.
     """
+    with replay_progress(paths) as (on_file, _on_replayed):
+        yield on_file
+
+
+@contextmanager
+def replay_progress(
+    paths: Sequence[str],
+) -> Iterator[tuple[Callable[[str, int], None] | None, Callable[[int, int], None] | None]]:
+    """Progress bars on stderr while large inputs are read, then replayed; yields the
+    ``on_file`` and ``on_replayed`` callbacks of :func:`~tripwire.replay.engine.replay_all`.
+
+    No bar for small inputs, for standard input, or when stderr is not a terminal.
+    """
     if STDIN in paths or not err_console.is_terminal:
-        yield None
+        yield None, None
         return
     sizes: list[int] = []
     for path, _ in expand_paths(paths):
@@ -315,20 +329,32 @@ def reading_progress(paths: Sequence[str]) -> Iterator[Callable[[str, int], None
             sizes.append(0)
     total = sum(sizes)
     if total < PROGRESS_MIN_BYTES and len(sizes) < PROGRESS_MIN_FILES:
-        yield None
+        yield None, None
         return
     progress = Progress(
-        TextColumn("reading traces"),
+        TextColumn("{task.description}"),
         BarColumn(),
-        DownloadColumn(),
+        TextColumn("{task.fields[amount]}"),
         TimeRemainingColumn(),
         console=err_console,
         transient=True,
     )
-    task = progress.add_task("read", total=total)
+    read = progress.add_task("reading traces", total=total, amount="")
+    replayed: list[TaskID] = []
+
+    done_bytes = [0]
 
     def on_file(_path: str, nbytes: int) -> None:
-        progress.advance(task, nbytes)
+        done_bytes[0] += nbytes
+        progress.update(
+            read, completed=done_bytes[0], amount=f"{done_bytes[0] / 2**20:,.0f}/{total / 2**20:,.0f} MiB"
+        )
+
+    def on_replayed(done: int, traces: int) -> None:
+        if not replayed:
+            progress.update(read, completed=total)
+            replayed.append(progress.add_task("replaying traces", total=traces, amount=""))
+        progress.update(replayed[0], completed=done, total=traces, amount=f"{done:,}/{traces:,} traces")
 
     with progress:
-        yield on_file
+        yield on_file, on_replayed

@@ -35,7 +35,7 @@ from tripwire.cli._replay_options import (
     Window,
     abort_plain,
     parse_size,
-    reading_progress,
+    replay_progress,
     report_problems,
     resolve_policy,
 )
@@ -216,13 +216,14 @@ def _read_and_replay(
 ) -> Replayed:
     from tripwire.replay.engine import replay_all
 
-    with reading_progress(paths) as on_file:
+    with replay_progress(paths) as (on_file, on_replayed):
         return replay_all(
             paths,
             policy,
             normalizer,
             skip_empty=skip_empty,
             on_file=on_file,
+            on_replayed=on_replayed,
             max_file_bytes=max_bytes,
             workers=workers,
         )

@@ -544,6 +544,7 @@ def replay_all(
     *,
     skip_empty: bool = False,
     on_file: Callable[[str, int], None] | None = None,
+    on_replayed: Callable[[int, int], None] | None = None,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     workers: int = 1,
 ) -> Replayed:
@@ -562,6 +563,9 @@ def replay_all(
         source, policy, normalizer, skip_empty: as for :func:`replay_traces`.
         on_file, max_file_bytes: as for :func:`load_traces` (``on_file`` is called by this
             process only).
+        on_replayed: called with ``(traces replayed, traces in all)`` as the replay goes on,
+            every :data:`_PROGRESS_EVERY` traces and at the end (progress; with several
+            processes, an estimate from this one's share until the end).
         workers: processes to use, this one included; 0 picks one per CPU (at most 4) when the
             files take at least :data:`PARALLEL_MIN_BYTES` on disk, else 1.
 
@@ -579,13 +583,14 @@ def replay_all(
     if files and processes > 1:
         (first,) = read_files(files[:1], on_file=on_file, max_file_bytes=max_file_bytes)
         job = _Job(files, first, pol, norm, max_file_bytes, processes)
-        replayed = _replay_forked(job, on_file, skip_empty)
+        replayed = _replay_forked(job, on_file, on_replayed, skip_empty)
         if replayed is not None:
             return replayed
         on_file = None  # the files were read once already: no second progress run
     loaded = _collect(source, norm, on_file, max_file_bytes).finish()
+    traces = [t for t in loaded.traces if not (skip_empty and not t.calls)]
     return Replayed(
-        results=[replay_trace(t, pol) for t in loaded.traces if not (skip_empty and not t.calls)],
+        results=_replay_each(traces, pol, on_replayed, 1, len(traces)),
         traces=len(loaded.traces),
         files=loaded.files,
         spans=loaded.spans,
@@ -594,6 +599,28 @@ def replay_all(
         stats=loaded.stats,
         workers=1,
     )
+
+
+_PROGRESS_EVERY: Final = 1000
+
+
+def _replay_each(
+    traces: list[TraceCalls],
+    policy: LoopPolicy,
+    on_replayed: Callable[[int, int], None] | None,
+    scale: int,
+    total: int,
+) -> list[TraceResult]:
+    """``replay_trace`` of each trace; progress as ``scale`` times the traces done here."""
+    if on_replayed is None:
+        return [replay_trace(t, policy) for t in traces]
+    results: list[TraceResult] = []
+    for i, trace in enumerate(traces, start=1):
+        results.append(replay_trace(trace, policy))
+        if not i % _PROGRESS_EVERY:
+            on_replayed(min(total, i * scale), total)
+    on_replayed(min(total, len(results) * scale), total)
+    return results
 
 
 def _files_only(source: str | os.PathLike[str] | Source) -> list[tuple[str, bool]] | None:
@@ -623,7 +650,11 @@ def _processes(workers: int, files: list[tuple[str, bool]]) -> int:
     return min(_MAX_AUTO_WORKERS, len(os.sched_getaffinity(0)))
 
 
-def _replay_share(share: int, on_file: Callable[[str, int], None] | None = None) -> _Share:
+def _replay_share(
+    share: int,
+    on_file: Callable[[str, int], None] | None = None,
+    on_replayed: Callable[[int, int], None] | None = None,
+) -> _Share:
     """Read all of :data:`_JOB`'s input; replay its traces number ``share``, ``share + n``…
 
     Traces are numbered in order of first appearance, which every process sees alike.
@@ -651,9 +682,8 @@ def _replay_share(share: int, on_file: Callable[[str, int], None] | None = None)
         collector.add_views(mine, batch.source)
         del batch, views, mine  # one file's spans at a time
     loaded = collector.finish()
-    policy = job.policy
     return _Share(
-        results=[replay_trace(t, policy) for t in loaded.traces],
+        results=_replay_each(loaded.traces, job.policy, on_replayed, n, len(order)),
         traces=len(order),
         spans=spans,
         own_spans=loaded.spans,
@@ -676,7 +706,10 @@ def _worker(share: int, send: Any) -> None:
 
 
 def _replay_forked(
-    job: _Job, on_file: Callable[[str, int], None] | None, skip_empty: bool
+    job: _Job,
+    on_file: Callable[[str, int], None] | None,
+    on_replayed: Callable[[int, int], None] | None,
+    skip_empty: bool,
 ) -> Replayed | None:
     """Share 0 here, each other share in a forked process of its own; ``None`` when one of
     them gave no result (see :func:`replay_all`)."""
@@ -694,7 +727,7 @@ def _replay_forked(
             process.start()
             send.close()
             workers.append((process, receive))
-        shares = [_replay_share(0, on_file)]
+        shares = [_replay_share(0, on_file, on_replayed)]
         for _process, receive in workers:
             share = receive.recv()  # EOFError when the worker died before it sent anything
             if not isinstance(share, _Share):
@@ -725,6 +758,8 @@ def _replay_forked(
         results[k::n] = share.results
         for name in MappingStats.__slots__:
             setattr(stats, name, getattr(stats, name) + getattr(share.stats, name))
+    if on_replayed is not None:
+        on_replayed(first.traces, first.traces)
     return Replayed(
         results=[r for r in results if r.tool_calls] if skip_empty else results,
         traces=first.traces,
