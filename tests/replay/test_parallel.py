@@ -169,7 +169,9 @@ def test_a_worker_that_dies_is_replaced_by_this_process(
         os._exit(9)  # no exception, no result: what the OOM killer leaves
 
     message = _fallback(tmp_path, monkeypatch, caplog, killed)
-    assert "worker process failed" in message and "this process alone" in message
+    assert message == (
+        "replay: a worker process failed (it ended without a result); replaying in this process alone"
+    )
 
 
 def test_a_worker_that_raises_is_replaced_by_this_process(
@@ -179,6 +181,18 @@ def test_a_worker_that_raises_is_replaced_by_this_process(
         raise MemoryError("no room")
 
     assert "MemoryError: no room" in _fallback(tmp_path, monkeypatch, caplog, failing, workers=3)
+
+
+def test_processes_that_see_the_traces_in_another_order_fall_back_to_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def reordered(files: Any, read: Any) -> Any:
+        batches = list(read(files))
+        for batch in batches:  # the same spans, as many traces: only their order differs
+            batch.spans.reverse()
+        return iter(batches)
+
+    assert "input changed" in _fallback(tmp_path, monkeypatch, caplog, reordered)
 
 
 def test_processes_that_read_different_input_fall_back_to_one(

@@ -525,6 +525,8 @@ class _Share:
     """Traces in the whole input (every process reads all of it: they must agree)."""
     spans: int
     """Spans in the whole input (likewise)."""
+    order: int
+    """A hash of the trace ids in order of first appearance (likewise)."""
     own_spans: int
     duplicates: int
     stats: MappingStats
@@ -686,6 +688,7 @@ def _replay_share(
         results=_replay_each(loaded.traces, job.policy, on_replayed, n, len(order)),
         traces=len(order),
         spans=spans,
+        order=hash(tuple(order)),  # str hashes agree: the workers are forks of this process
         own_spans=loaded.spans,
         duplicates=loaded.duplicates,
         stats=loaded.stats,
@@ -735,10 +738,8 @@ def _replay_forked(
             shares.append(share)
     except (OSError, EOFError, ChildProcessError) as exc:
         # A worker was killed (out of memory, a signal), could not start, or failed.
-        _log.warning(
-            "replay: a worker process failed (%s); replaying in this process alone",
-            exc or type(exc).__name__,
-        )
+        why = "it ended without a result" if isinstance(exc, EOFError) else str(exc) or type(exc).__name__
+        _log.warning("replay: a worker process failed (%s); replaying in this process alone", why)
         return None
     finally:
         _JOB = None
@@ -749,7 +750,7 @@ def _replay_forked(
                 process.kill()
                 process.join()
     first = shares[0]
-    if any(s.traces != first.traces or s.spans != first.spans for s in shares):
+    if any((s.traces, s.spans, s.order) != (first.traces, first.spans, first.order) for s in shares):
         _log.warning("replay: the input changed while it was read; replaying in this process alone")
         return None
     results: list[TraceResult] = [None] * first.traces  # type: ignore[list-item]  # all filled below
