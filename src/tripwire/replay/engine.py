@@ -260,41 +260,39 @@ class _Collector:
         self.add_views(batch.spans, batch.source)
 
     def finish(self) -> Loaded:
-        self.loaded.traces.extend(_signed(self.builders.items(), self.normalizer))
+        normalizer = self.normalizer
+        signature = normalizer.signature
+        # Agents repeat calls (a loop is nothing else): a call whose tool and argument text were
+        # signed already takes that signature (a pure function of the two), not a new one.
+        signed: dict[tuple[str, str], Signature] = {}
+        for trace_id, b in self.builders.items():
+            b.calls.sort()  # by (start, seq): seq is unique, so the calls are never compared
+            calls = tuple(e[2] for e in b.calls)
+            sigs: list[Signature] = []
+            for c in calls:
+                args = c.arguments
+                if type(args) is not str:
+                    sigs.append(signature(c.tool, args))
+                    continue
+                key = (c.tool, args)
+                sig = signed.get(key)
+                if sig is None:
+                    if len(signed) >= _SIGNED_MEMO:
+                        signed.clear()
+                    sig = signed[key] = signature(c.tool, args)
+                sigs.append(sig)
+            self.loaded.traces.append(
+                TraceCalls(
+                    trace_id=trace_id,
+                    agent=_agent(b.boundaries),
+                    calls=calls,
+                    signatures=tuple(sigs),
+                    normalizer=normalizer,
+                    sources=tuple(b.sources),
+                )
+            )
         self.builders = {}
         return self.loaded
-
-
-def _signed(items: Iterable[tuple[str, _Builder]], normalizer: Normalizer) -> Iterator[TraceCalls]:
-    """Each trace's calls in start-time order, signed."""
-    signature = normalizer.signature
-    # Agents repeat calls (a loop is nothing else): a call whose tool and argument text were
-    # signed already takes that signature (a pure function of the two), not a new one.
-    signed: dict[tuple[str, str], Signature] = {}
-    for trace_id, b in items:
-        b.calls.sort()  # by (start, seq): seq is unique, so the calls are never compared
-        calls = tuple(e[2] for e in b.calls)
-        sigs: list[Signature] = []
-        for c in calls:
-            args = c.arguments
-            if type(args) is not str:
-                sigs.append(signature(c.tool, args))
-                continue
-            key = (c.tool, args)
-            sig = signed.get(key)
-            if sig is None:
-                if len(signed) >= _SIGNED_MEMO:
-                    signed.clear()
-                sig = signed[key] = signature(c.tool, args)
-            sigs.append(sig)
-        yield TraceCalls(
-            trace_id=trace_id,
-            agent=_agent(b.boundaries),
-            calls=calls,
-            signatures=tuple(sigs),
-            normalizer=normalizer,
-            sources=tuple(b.sources),
-        )
 
 
 def _agent(boundaries: list[tuple[float, int, RunBoundary]]) -> str | None:
@@ -336,16 +334,6 @@ def load_traces(
     Returns:
         The traces in order of first appearance, the problems met, and mapping counters.
     """
-    return _collect(source, normalizer, on_file, max_file_bytes).finish()
-
-
-def _collect(
-    source: str | os.PathLike[str] | Source,
-    normalizer: Normalizer,
-    on_file: Callable[[str, int], None] | None,
-    max_file_bytes: int,
-) -> _Collector:
-    """Read and map every span (not signed yet: see :meth:`_Collector.finish`)."""
     collector = _Collector(normalizer)
     items: Iterable[Any] = [source] if isinstance(source, (str, os.PathLike)) else source
     pending: list[str | os.PathLike[str]] = []
@@ -360,7 +348,7 @@ def _collect(
             pending.append(item)
     for batch in read_batches(pending, on_file=on_file, max_file_bytes=max_file_bytes):
         collector.add_batch(batch)
-    return collector
+    return collector.finish()
 
 
 def replay_trace(trace: TraceCalls, policy: LoopPolicy) -> TraceResult:
@@ -589,7 +577,7 @@ def replay_all(
         if replayed is not None:
             return replayed
         on_file = None  # the files were read once already: no second progress run
-    loaded = _collect(source, norm, on_file, max_file_bytes).finish()
+    loaded = load_traces(source, norm, on_file=on_file, max_file_bytes=max_file_bytes)
     traces = [t for t in loaded.traces if not (skip_empty and not t.calls)]
     return Replayed(
         results=_replay_each(traces, pol, on_replayed, 1, len(traces)),
@@ -669,8 +657,6 @@ def _replay_share(
     spans = 0
     rest = read_files(job.files[1:], on_file=on_file, max_file_bytes=job.max_file_bytes)
     for batch in itertools.chain((job.first,), rest):
-        collector.loaded.files += 1
-        collector.loaded.problems.extend(batch.problems)
         views = batch.spans
         spans += len(views)
         mine: list[SpanView] = []
@@ -681,7 +667,7 @@ def _replay_share(
                 number = order[tid] = len(order)
             if number % n == share:
                 mine.append(view)
-        collector.add_views(mine, batch.source)
+        collector.add_batch(FileBatch(batch.source, mine, batch.problems))
         del batch, views, mine  # one file's spans at a time
     loaded = collector.finish()
     return _Share(

@@ -445,18 +445,15 @@ class Service:
             ]
             first = [k for k in out.kills if not k.again]
             if self._flags_in_store:
-                ttl = self.config.flag_ttl_s
                 up = self._flags_up
-                fresh = now + ttl / 2
+                fresh = now + self.config.flag_ttl_s / 2
                 urgent: list[FlagRow] = []
                 renewed: list[FlagRow] = []
-                for p in payloads:
-                    tid = p["trace_id"]
-                    row = FlagRow(tid, p.get("reason", ""), json.dumps(p), now, now + ttl)
+                for row in StoreKillChannel.rows(payloads, self.config.flag_ttl_s):
                     # A flag this receiver raised and nobody lowered since, far from expiring,
                     # is up: renewing it (a stuck run that repeated itself) can wait for the
                     # routine writes instead of holding the request behind them.
-                    expires = up.get(tid)
+                    expires = up.get(row.trace_id)
                     (renewed if expires is not None and expires > fresh else urgent).append(row)
                 out.urgent.killed = [k.trace_id for k in first]  # set, not added: a retry redoes it
                 out.urgent.flags = urgent

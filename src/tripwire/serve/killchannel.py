@@ -23,7 +23,7 @@ from typing import Any, Final, Protocol
 from tripwire.core.budget import Stop
 from tripwire.core.reasons import stop_reason_for
 from tripwire.core.watch import Assessment
-from tripwire.store.runs import RunStore
+from tripwire.store.runs import Batch, FlagRow, RunStore
 
 __all__ = [
     "CHANNEL",
@@ -146,12 +146,15 @@ class StoreKillChannel:
         self.raise_flags([payload], ttl_s)
 
     def raise_flags(self, payloads: list[dict[str, Any]], ttl_s: float) -> None:
-        if payloads:
-            self.store.raise_flags(
-                [(p["trace_id"], p.get("reason", ""), json.dumps(p)) for p in payloads],
-                payloads[0]["at"],
-                ttl_s,
-            )
+        self.store.write(Batch(flags=self.rows(payloads, ttl_s)))
+
+    @staticmethod
+    def rows(payloads: list[dict[str, Any]], ttl_s: float) -> list[FlagRow]:
+        """The store's rows of these flags, each raised at its ``at`` for ``ttl_s``."""
+        return [
+            FlagRow(p["trace_id"], p.get("reason", ""), json.dumps(p), p["at"], p["at"] + ttl_s)
+            for p in payloads
+        ]
 
     def clear(self, trace_id: str) -> bool:
         return self.store.clear_flag(trace_id)
