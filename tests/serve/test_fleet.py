@@ -221,3 +221,20 @@ def test_the_rows_built_by_position_have_each_value_in_its_field() -> None:
     assert (run.health, run.killed, run.receipt, run.ended_at, run.created_at, run.updated_at) == (None, False, None, None, 3.0, 3.0)
     assert run.duration_s == 1000.5 - 1000.0 and run.cost_usd is not None and run.cost_usd > 0
     assert run.policy_version == fleet.policy.version and run.normalizer_version == fleet.normalizer.version
+
+
+def test_the_timeline_keeps_a_runs_last_calls_when_one_request_brings_more_than_it_holds() -> None:
+    # A Collector with tail sampling sends a long trace at once: the dashboard must show where
+    # the run ended up (its last calls), not its first ones with the end missing.
+    from tripwire.store.runs import MAX_CALLS_PER_RUN
+
+    fleet = Fleet(reorder_s=0)
+    first = fleet.process([_tool(i, args={"q": i}, result=str(i)) for i in range(300)], now=1.0)
+    assert [c.call_index for c in [*first.urgent.calls, *first.routine.calls]] == list(range(1, 301))
+    calls = MAX_CALLS_PER_RUN + 200
+    views = [_tool(i, args={"q": i}, result=str(i)) for i in range(300, 300 + calls)]
+    out = fleet.process(views, now=2.0)
+    indexes = [c.call_index for c in [*out.urgent.calls, *out.routine.calls]]
+    assert indexes == list(range(300 + calls - MAX_CALLS_PER_RUN + 1, 300 + calls + 1))
+    (run,) = out.routine.runs
+    assert run.tool_calls == 300 + calls

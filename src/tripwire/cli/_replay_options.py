@@ -57,6 +57,7 @@ def _mp(p: LoopPolicy) -> str:
 Paths = Annotated[
     list[str],
     typer.Argument(
+        metavar="PATH",
         help="OTLP trace files (JSON, JSON Lines or protobuf, optionally gzip-compressed), "
         "directories (walked recursively for *.json, *.jsonl, *.pb… and their .gz), or - "
         "for standard input.",

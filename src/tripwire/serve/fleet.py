@@ -609,7 +609,9 @@ class Fleet:
         k = 0
         at = found[0][0] if found else -1
         timeline = trace.timeline
-        room = MAX_CALLS_PER_RUN - len(timeline)
+        # The timeline keeps a run's last calls: of a batch longer than it holds, only the tail
+        # is recorded (a Collector that sends a whole long trace at once, tail sampling).
+        recorded_from = len(after) - MAX_CALLS_PER_RUN
         index = first = trace.tool_calls
         absorbed = 0
         assessment: Assessment | None = None
@@ -627,8 +629,7 @@ class Fleet:
                 k = self._decide(trace, tid, found, k, previous, now, out)
                 at = found[k][0] if k < len(found) else -1
             previous = assessment
-            if room > 0:
-                room -= 1
+            if i >= recorded_from:
                 call = calls[i]
                 rec = items[i][1]
                 timeline.append(
@@ -648,6 +649,8 @@ class Fleet:
                         rec.raw,
                     )
                 )
+        if len(timeline) > MAX_CALLS_PER_RUN:
+            del timeline[: len(timeline) - MAX_CALLS_PER_RUN]
         _absorb(trace, items, absorbed, len(items))
         if index != first:
             trace.tool_calls = index
