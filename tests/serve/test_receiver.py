@@ -234,3 +234,40 @@ def test_metrics_count_spans_transitions_and_runs(service: Running) -> None:
     assert 'tripwire_requests_total{code="400"} 1.0' in text
     assert "tripwire_tool_calls_judged_total 5.0" in text
     assert "tripwire_processing_seconds_bucket" in text
+
+
+def test_the_runs_api_filters_by_verdict_and_refuses_a_query_no_run_can_match(service: Running) -> None:
+    stuck, working = loop_spans(5), loop_spans(2, agent="fine")
+    for spans in (stuck, working):
+        httpx.post(f"{service.url}/v1/traces", content=protobuf_body(spans), headers=_auth(PB))
+    _wait_run(service, trace_id_of(stuck), status="ended")
+    _wait_run(service, trace_id_of(working), status="ended")
+
+    def get(query: str) -> httpx.Response:
+        return httpx.get(f"{service.url}/api/runs?{query}", headers=service.headers())
+
+    body = get("verdict=stuck").json()
+    assert [r["trace_id"] for r in body["runs"]] == [trace_id_of(stuck)]
+    assert body["total"] == 1
+    assert [r["trace_id"] for r in get("verdict=working").json()["runs"]] == [trace_id_of(working)]
+    page = get("status=ended&limit=1").json()
+    assert (len(page["runs"]), page["total"], page["limit"]) == (1, 2, 1)
+
+    # A typo or an impossible page is a 400 naming the parameter, not an empty list.
+    for query, field in (
+        ("verdict=stuk", "verdict"),
+        ("status=done", "status"),
+        ("stop_reason=loop", "stop_reason"),
+        ("health=bad", "health"),
+        ("limit=0", "limit"),
+        ("limit=-5", "limit"),
+        ("limit=5000", "limit"),
+        ("limit=ten", "limit"),
+        ("offset=-1", "offset"),
+        ("since=yesterday", "since"),
+        ("since=nan", "since"),
+    ):
+        got = get(query)
+        assert got.status_code == 400, query
+        assert got.json()["detail"].startswith(f"{field}: "), got.json()
+    assert "stuck" in get("verdict=stuk").json()["detail"]  # the choices are listed

@@ -8,7 +8,8 @@ service runs with ``--no-auth``):
   rejected and why), 400 for a malformed payload, 413 over ``max_body_bytes``, 415 for another
   content type, 503 with ``Retry-After`` when the receiver is saturated (OTLP exporters retry
   those), 401 without a valid token.
-- ``GET /api/runs?verdict=&agent=&stop_reason=&health=&status=&since=&limit=&offset=``,
+- ``GET /api/runs?verdict=&agent=&stop_reason=&health=&status=&since=&limit=&offset=`` (a value
+  no run can hold is a 400 naming the parameter),
   ``GET /api/runs/{trace_id}`` (the run, its verdict history, its calls, its receipt),
   ``POST /api/runs/{trace_id}/kill`` | ``/resolve`` | ``/acknowledge``.
 - ``GET /api/flags/{trace_id}`` and ``POST /api/flags`` (``{"trace_ids": [...]}``): the kill
@@ -34,11 +35,12 @@ import hmac
 import itertools
 import json
 import logging
+import math
 import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -49,7 +51,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tripwire.core.budget import Limits
+from tripwire.core.health import HealthState
 from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
+from tripwire.core.reasons import StopReason, Verdict
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
 from tripwire.errors import ConfigError, InputError
 from tripwire.serve.alerts import Alerts, AlertTarget, Sender
@@ -790,25 +794,14 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
     async def list_runs(request: Request) -> Response:
         if not svc.authorized(request):
             return unauthorized()
-        q = request.query_params
         try:
-            limit = int(q.get("limit", "50"))
-            offset = int(q.get("offset", "0"))
-            since = _since(q.get("since"), svc.clock())
+            query = _runs_query(request.query_params, svc.clock())
         except ValueError as exc:
             return JSONResponse({"error": "bad query", "detail": str(exc)}, status_code=400)
-        rows, total = await asyncio.to_thread(
-            svc.store.runs,
-            verdict=q.get("verdict"),
-            agent=q.get("agent"),
-            stop_reason=q.get("stop_reason"),
-            health=q.get("health"),
-            status=q.get("status"),
-            since=since,
-            limit=limit,
-            offset=offset,
+        rows, total = await asyncio.to_thread(svc.store.runs, **query)
+        return JSONResponse(
+            {"runs": [r.as_json() for r in rows], "total": total, "limit": query["limit"], "offset": query["offset"]}
         )
-        return JSONResponse({"runs": [r.as_json() for r in rows], "total": total, "limit": limit, "offset": offset})
 
     async def one_run(request: Request) -> Response:
         if not svc.authorized(request):
@@ -957,6 +950,48 @@ def _slots(value: Any) -> dict[str, Any]:
     return {name: getattr(value, name) for name in names}
 
 
+_CHOICES: Final[dict[str, tuple[str, ...]]] = {
+    "verdict": tuple(v.value for v in Verdict),
+    "stop_reason": tuple(r.value for r in StopReason),
+    "health": tuple(h.value for h in HealthState),
+    "status": ("running", "ended"),
+}
+"""The values a run's column can hold: a filter on anything else is a typo, not an empty list."""
+MAX_PAGE: Final = 1000
+"""The most runs one ``GET /api/runs`` answers with."""
+
+
+def _runs_query(q: Mapping[str, str], now: float) -> dict[str, Any]:
+    """``GET /api/runs``'s query as :meth:`RunStore.runs` arguments.
+
+    Raises:
+        ValueError: naming the parameter, when a value is not one a run can have, ``limit``
+            is not a whole number from 1 to :data:`MAX_PAGE`, ``offset`` is negative or not a
+            number, or ``since`` is not a duration or a time.
+    """
+    query: dict[str, Any] = {"agent": q.get("agent")}
+    for name, choices in _CHOICES.items():
+        value = q.get(name)
+        if value is not None and value not in choices:
+            raise ValueError(f"{name}: {value!r} is none of {', '.join(choices)}")
+        query[name] = value
+    for name, default, low, high in (("limit", 50, 1, MAX_PAGE), ("offset", 0, 0, None)):
+        text = q.get(name)
+        try:
+            number = default if text is None else int(text)
+        except ValueError:
+            raise ValueError(f"{name}: {text!r} is not a whole number") from None
+        if number < low or (high is not None and number > high):
+            raise ValueError(f"{name}: {number} is out of range (from {low}{f' to {high}' if high else ''})")
+        query[name] = number
+    text = q.get("since")
+    try:
+        query["since"] = _since(text, now)
+    except ValueError:
+        raise ValueError(f"since: {text!r} is neither a duration (7d, 12h, 30m, 90s) nor Unix seconds") from None
+    return query
+
+
 def _since(text: str | None, now: float) -> float | None:
     """``7d``, ``12h``, ``30m``, ``90s`` back from now, or Unix seconds; ``None`` when absent."""
     if not text:
@@ -964,4 +999,7 @@ def _since(text: str | None, now: float) -> float | None:
     units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
     if text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
         return now - float(text[:-1]) * units[text[-1]]
-    return float(text)
+    at = float(text)
+    if not math.isfinite(at):
+        raise ValueError(f"not a time: {text!r}")
+    return at
