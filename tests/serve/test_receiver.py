@@ -250,6 +250,9 @@ def test_the_runs_api_filters_by_verdict_and_refuses_a_query_no_run_can_match(se
     assert [r["trace_id"] for r in body["runs"]] == [trace_id_of(stuck)]
     assert body["total"] == 1
     assert [r["trace_id"] for r in get("verdict=working").json()["runs"]] == [trace_id_of(working)]
+    # Empty values are no filter: docs/serve.md's example query, as written.
+    example = get("verdict=stuck&agent=&stop_reason=&health=&status=&since=7d&limit=50&offset=0")
+    assert [r["trace_id"] for r in example.json()["runs"]] == [trace_id_of(stuck)]
     page = get("status=ended&limit=1").json()
     assert (len(page["runs"]), page["total"], page["limit"]) == (1, 2, 1)
 

@@ -969,14 +969,15 @@ def _runs_query(q: Mapping[str, str], now: float) -> dict[str, Any]:
             is not a whole number from 1 to :data:`MAX_PAGE`, ``offset`` is negative or not a
             number, or ``since`` is not a duration or a time.
     """
-    query: dict[str, Any] = {"agent": q.get("agent")}
+    # An empty value (``?agent=&verdict=stuck``, as forms and query builders send) is no filter.
+    query: dict[str, Any] = {"agent": q.get("agent") or None}
     for name, choices in _CHOICES.items():
-        value = q.get(name)
+        value = q.get(name) or None
         if value is not None and value not in choices:
             raise ValueError(f"{name}: {value!r} is none of {', '.join(choices)}")
         query[name] = value
     for name, default, low, high in (("limit", 50, 1, MAX_PAGE), ("offset", 0, 0, None)):
-        text = q.get(name)
+        text = q.get(name) or None
         try:
             number = default if text is None else int(text)
         except ValueError:
@@ -984,7 +985,7 @@ def _runs_query(q: Mapping[str, str], now: float) -> dict[str, Any]:
         if number < low or (high is not None and number > high):
             raise ValueError(f"{name}: {number} is out of range (from {low}{f' to {high}' if high else ''})")
         query[name] = number
-    text = q.get("since")
+    text = q.get("since") or None
     try:
         query["since"] = _since(text, now)
     except ValueError:
