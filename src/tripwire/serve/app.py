@@ -62,7 +62,7 @@ from tripwire.serve.killchannel import KillChannel, RedisKillChannel, StoreKillC
 from tripwire.serve.metrics import Metrics
 from tripwire.serve.otlp import BodyTooLarge, decode_request, decompress
 from tripwire.serve.spool import Spool, SpoolBusy
-from tripwire.store.runs import Batch, FlagRow, RunStore
+from tripwire.store.runs import MAX_PAGE, Batch, FlagRow, RunStore
 
 __all__ = ["ServeConfig", "Service", "create_app"]
 
@@ -238,7 +238,7 @@ class Service:
         offset = 0
         try:
             while len(rows) < self.fleet.max_traces:
-                page, total = self.store.runs(status="running", limit=1000, offset=offset)
+                page, total = self.store.runs(status="running", limit=MAX_PAGE, offset=offset)
                 offset += len(page)
                 rows += page
                 if not page or offset >= total:
@@ -957,8 +957,6 @@ _CHOICES: Final[dict[str, tuple[str, ...]]] = {
     "status": ("running", "ended"),
 }
 """The values a run's column can hold: a filter on anything else is a typo, not an empty list."""
-MAX_PAGE: Final = 1000
-"""The most runs one ``GET /api/runs`` answers with."""
 
 
 def _runs_query(q: Mapping[str, str], now: float) -> dict[str, Any]:
@@ -966,7 +964,7 @@ def _runs_query(q: Mapping[str, str], now: float) -> dict[str, Any]:
 
     Raises:
         ValueError: naming the parameter, when a value is not one a run can have, ``limit``
-            is not a whole number from 1 to :data:`MAX_PAGE`, ``offset`` is negative or not a
+            is not a whole number from 1 to :data:`~tripwire.store.runs.MAX_PAGE`, ``offset`` is negative or not a
             number, or ``since`` is not a duration or a time.
     """
     # An empty value (``?agent=&verdict=stuck``, as forms and query builders send) is no filter.
@@ -985,7 +983,7 @@ def _runs_query(q: Mapping[str, str], now: float) -> dict[str, Any]:
         if number < low or (high is not None and number > high):
             raise ValueError(f"{name}: {number} is out of range (from {low}{f' to {high}' if high else ''})")
         query[name] = number
-    text = q.get("since") or None
+    text = q.get("since")
     try:
         query["since"] = _since(text, now)
     except ValueError:

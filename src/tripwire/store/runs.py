@@ -156,6 +156,8 @@ flags = sa.Table(
 
 MAX_CALLS_PER_RUN: Final = 500
 """The last calls of a run kept in ``tripwire_calls`` (the dashboard's timeline)."""
+MAX_PAGE: Final = 1000
+"""The most runs one :meth:`RunStore.runs` call answers with (a larger ``limit`` is cut)."""
 MAX_RAW_CHARS: Final = 4096
 """With ``--store-raw``, raw arguments are clipped to this many characters."""
 
@@ -582,7 +584,7 @@ class RunStore:
             total = int(conn.execute(count).scalar_one())
             rows = conn.execute(
                 query.order_by(runs.c.created_at.desc(), runs.c.trace_id)
-                .limit(max(1, min(limit, 1000)))
+                .limit(max(1, min(limit, MAX_PAGE)))
                 .offset(max(0, offset))
             ).all()
         return [_row_to_run(r._mapping) for r in rows], total
