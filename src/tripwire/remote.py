@@ -123,7 +123,14 @@ class RemoteKill:
     # -- the agent's side ----------------------------------------------------------------------
 
     def check(self, trace_id: str | int) -> None:
-        """Raise the run's stop if the service flagged it. One dict lookup; no network."""
+        """Raise the run's stop if the service flagged it. One dict lookup; no network.
+
+        Raises:
+            LoopDetected: the service judged the run stuck (or :class:`BudgetExceeded` for a
+                bound, or with ``fail_closed`` when the channel is down past ``grace_s``).
+            ConfigError: ``trace_id`` is not a trace id (an int of at most 128 bits or 32 hex
+                characters): a run checked under another id would never be stopped.
+        """
         tid = _hex(trace_id)
         flag = self._flags.get(tid)
         if flag is None:
@@ -309,12 +316,36 @@ def check(trace_id: str | int) -> None:
         remote.check(trace_id)
 
 
+_HEX_DIGITS: Final = "0123456789abcdef"
+
+
 def _hex(trace_id: str | int) -> str:
+    """The service's spelling of a trace id: 32 lower-case hex characters.
+
+    Anything else is refused: a run checked under an id the service never writes (an
+    OpenAI Agents ``trace_…`` id, a UUID with dashes, a span id) would never be stopped.
+    """
     if isinstance(trace_id, int) and not isinstance(trace_id, bool):
-        return f"{trace_id:032x}"
-    if isinstance(trace_id, str):
-        return trace_id.lower()
-    raise ConfigError("trace_id", type(trace_id).__name__, "an int or 32 hex characters")
+        if 0 <= trace_id < 1 << 128:
+            return f"{trace_id:032x}"
+    elif isinstance(trace_id, str):
+        tid = trace_id.lower()
+        if len(tid) == 32 and not tid.strip(_HEX_DIGITS):
+            return tid
+    else:
+        raise ConfigError("trace_id", type(trace_id).__name__, _TRACE_ID)
+    shown: object = trace_id
+    if isinstance(trace_id, int) and trace_id > 0:
+        shown = f"<an int of {trace_id.bit_length()} bits>"  # repr() of a huge int can fail
+    elif isinstance(trace_id, str) and len(trace_id) > 80:
+        shown = trace_id[:80] + "…"
+    raise ConfigError("trace_id", shown, _TRACE_ID)
+
+
+_TRACE_ID: Final = (
+    "the run's OpenTelemetry trace id: an int of at most 128 bits "
+    "(span.get_span_context().trace_id) or its 32 hex characters"
+)
 
 
 def _reason(value: Any) -> StopReason | None:

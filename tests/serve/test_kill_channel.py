@@ -156,6 +156,37 @@ def test_remote_fails_closed_when_configured_and_open_by_default() -> None:
         opened.close()
 
 
+def test_remote_check_refuses_an_id_the_service_never_writes() -> None:
+    import tripwire.remote as remote
+    from tripwire.errors import ConfigError
+
+    watcher = remote.RemoteKill(redis_url="redis://127.0.0.1:1/0", poll_s=0.05)
+    try:
+        # The service keys flags by the 32-hex OpenTelemetry trace id: a run checked under
+        # any other spelling would never be stopped, so it is an error, not a silent no-op.
+        for wrong in (
+            "trace_" + "ab" * 13,  # an OpenAI Agents SDK trace id
+            "0af76519-16cd-43dd-8448-eb211c80319c",  # a UUID with dashes
+            "ab" * 8,  # a span id
+            "g" * 32,
+            -1,
+            1 << 128,
+            10**5000,  # too long for repr(): the message still names it
+            b"\xab" * 16,
+        ):
+            with pytest.raises(ConfigError) as caught:
+                watcher.check(wrong)  # type: ignore[arg-type]
+            assert caught.value.field == "trace_id"
+            assert "32 hex characters" in str(caught.value)
+        # Both spellings of one id are the same run.
+        watcher.check("AB" * 16)
+        watcher.check(int("ab" * 16, 16))
+        watcher.check((1 << 128) - 1)
+        assert watcher.flagged("Ab" * 16) is None
+    finally:
+        watcher.close()
+
+
 def test_operator_kill_and_resolve_through_the_api(redis_service: object, redis_client: object) -> None:
     r = redis_service
     spans = loop_spans(2)
