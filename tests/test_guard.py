@@ -909,6 +909,18 @@ def test_record_usage_refuses_token_counts_out_of_range(tokens: object) -> None:
     assert info.value.field == "input_tokens"
 
 
+@pytest.mark.parametrize("field", ["model", "provider"])
+@pytest.mark.parametrize("name", [123, ["gpt-4o"], b"gpt-4o"], ids=["int", "list", "bytes"])
+def test_record_usage_refuses_a_model_or_provider_that_is_not_a_name(field: str, name: object) -> None:
+    # With a cost limit and the default pricer, a non-str model reached the pricer's error
+    # path, whose "<error>" + model raised a bare TypeError into the agent.
+    guard = Guard(Limits(max_cost_usd=1.0), loop_policy=None)
+    with pytest.raises(ConfigError) as info:
+        guard.record_usage(input_tokens=5, **{field: name})  # type: ignore[arg-type]
+    assert info.value.field == field
+    assert guard.snapshot().counters.input_tokens == 0  # refused whole: nothing counted
+
+
 def test_the_receipt_carries_activity_after_the_stop() -> None:
     from tripwire.core.receipt import AfterStop, HealthState, classify
 

@@ -652,8 +652,9 @@ class Guard:
 
         Raises:
             BudgetExceeded: a token or cost total reached its limit (``>=``).
-            ConfigError: a token count is not an integer ``>= 0`` (below 2**62), or
-                ``cost_usd`` is not a finite number ``>= 0`` (below 1e9).
+            ConfigError: a token count is not an integer ``>= 0`` (below 2**62),
+                ``cost_usd`` is not a finite number ``>= 0`` (below 1e9), or ``model`` or
+                ``provider`` is neither a str nor ``None``.
             RunStopped: the run was already stopped (counted in :attr:`after_stop`).
         """
         for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
@@ -664,6 +665,9 @@ class Guard:
                 or value >= _MAX_COUNT
             ):
                 raise ConfigError(name, _shown(value), "an integer >= 0 and below 2**62")
+        for name, text in (("model", model), ("provider", provider)):
+            if text is not None and not isinstance(text, str):
+                raise ConfigError(name, _shown(text), "the name as a str, or None")
         cost: float | None
         if cost_usd is not None:
             cost = usable_cost(cost_usd)
