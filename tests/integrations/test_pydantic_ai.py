@@ -314,6 +314,47 @@ def test_identical_calls_of_one_parallel_batch_are_judged_in_turn() -> None:
     assert counters.model_calls == 2
 
 
+@needs_g1
+def test_calls_of_one_batch_that_differ_only_in_a_volatile_key_take_turns_too() -> None:
+    # The watcher counts these six as one call (request_id is volatile); they took turns by
+    # their raw arguments, so all six ran side by side and five bodies of a loop ran.
+    bodies: list[str] = []
+    got, on_receipt = sink()
+    model_calls = 0
+
+    def model_fn(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        nonlocal model_calls
+        model_calls += 1
+        if model_calls > 10:
+            return ModelResponse(parts=[TextPart("gave up")])
+        return ModelResponse(
+            parts=[
+                ToolCallPart(
+                    LOOP_TOOL,
+                    {**LOOP_ARGS, "request_id": f"req-{model_calls}-{j}"},
+                    tool_call_id=f"call_{model_calls}_{j}",
+                )
+                for j in range(6)
+            ]
+        )
+
+    agent: Agent[None, Any] = Agent(
+        FunctionModel(model_fn), capabilities=[Tripwire(prices=None, on_receipt=on_receipt)]
+    )
+
+    @agent.tool_plain
+    def search_docs(query: str, request_id: str = "") -> str:
+        """Search the documentation."""
+        bodies.append(request_id)
+        return "No results."
+
+    out = agent.run_sync("q").output
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
+    assert len(bodies) == 3  # the 4th of the batch waited its turn and was refused
+    assert model_calls == 1
+    assert got[0].counters.tool_calls == len(bodies)
+
+
 def test_a_token_budget_ends_with_the_tool_less_answer_kept() -> None:
     from ._guard_milestones import G3
 

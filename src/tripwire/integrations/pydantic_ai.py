@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -250,7 +249,7 @@ class Tripwire(AbstractCapability[Any]):
         # take turns, so that the watcher has seen the one before when it judges the next
         # (a 4th identical call is refused, not run beside the 3rd); different calls still
         # run side by side.
-        key = _call_key(call.tool_name, arguments)
+        key = _call_key(run, call.tool_name, arguments)
         entry = self._inflight.get(key)
         if entry is None:
             entry = self._inflight[key] = _Turns()
@@ -297,8 +296,12 @@ class _Turns:
         self.waiting = 0
 
 
-def _call_key(tool: str, arguments: Any) -> str:
+def _call_key(run: RunControl, tool: str, arguments: Any) -> str:
+    """What makes two calls of a batch identical: the guard's own signature of the call, so
+    calls that differ only in a volatile key (``request_id``), which the watcher counts as
+    one call, take turns too."""
     try:
-        return tool + "\0" + json.dumps(arguments, sort_keys=True, default=str)
-    except (TypeError, ValueError):  # unsortable keys: fall back to the text of the call
-        return tool + "\0" + repr(arguments)
+        sig = run.guard.normalizer.signature(tool, arguments)
+    except Exception:  # the guard judges (and reports) this call itself: no turn to take
+        return f"{tool}\0{id(arguments)}"
+    return f"{tool}\0{sig.key:x}"
