@@ -73,3 +73,29 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
         assert "Traceback" not in result.output
+
+
+def test_the_suggested_command_is_quoted_for_the_shell_and_names_show_as_sent(tmp_path: Path) -> None:
+    import shlex
+
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    store = RunStore.open(url)
+    now = time.time()
+    hostile = "x; rm -rf ~ [bold]"  # an agent name is whatever the agents reported
+    store.write(Batch(runs=[
+        RunRow(trace_id=f"{i:032x}", agent=hostile, status="ended", stop_reason="completed", health="complete_unverified",
+               steps=i, tool_calls=i, created_at=now - 60, updated_at=now)
+        for i in range(1, 25)
+    ]))
+    store.dispose()
+    result = runner.invoke(app, ["report", "--store", url], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    # It was "tripwire report --agent x; rm -rf ~ --write-limits ..." (and "[bold]" was eaten).
+    suggested = next(line for line in result.stdout.splitlines() if "--write-limits" in line)
+    command = suggested[suggested.index("tripwire report"):suggested.index("tripwire.toml") + len("tripwire.toml")]
+    assert shlex.split(command) == ["tripwire", "report", "--agent", hostile, "--write-limits", "tripwire.toml"]
+    assert hostile in result.stdout
+    limits = tmp_path / "tripwire.toml"
+    result = runner.invoke(app, ["report", "--store", url, "--agent", hostile, "--write-limits", str(limits)])
+    assert result.exit_code == 0, result.output
+    assert "into [limits] of" in result.stderr

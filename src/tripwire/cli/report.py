@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import html
 import json
+import shlex
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from tripwire.cli import app
 from tripwire.cli._common import EXIT_USAGE, abort, err_console, out_console
@@ -105,7 +107,7 @@ def _print_tables(result: Report) -> None:
     for a in everyone:
         p = a.percentiles
         t.add_row(
-            a.agent or "(all)",
+            escape(a.agent or "(all)"),
             str(a.runs),
             " / ".join(_fmt(p["steps"][k]) for k in ("p50", "p95", "p99")),
             " / ".join(_fmt(p["tool_calls"][k]) for k in ("p50", "p95", "p99")),
@@ -121,7 +123,7 @@ def _print_tables(result: Report) -> None:
     s.add_column("health", overflow="fold")
     for a in everyone:
         s.add_row(
-            a.agent or "(all)",
+            escape(a.agent or "(all)"),
             ", ".join(f"{k} {v / a.runs:.0%}" for k, v in sorted(a.stop_reasons.items(), key=lambda kv: -kv[1])),
             ", ".join(f"{k} {v}" for k, v in sorted(a.health.items(), key=lambda kv: -kv[1])),
         )
@@ -132,7 +134,7 @@ def _print_tables(result: Report) -> None:
         lt.add_column("signature")
         lt.add_column("runs")
         for tool, digest, n in result.overall.looping_signatures:
-            lt.add_row(tool, digest + "…", str(n))
+            lt.add_row(escape(tool), digest + "…", str(n))
         out_console.print(lt)
     lb = Table(title=f"learned budgets (false-stop rate {result.alpha:g}, from each agent's healthy runs)", title_justify="left")
     for col in ("agent", "counter", "learned line", "today", "healthy runs", "note", "write it"):
@@ -140,13 +142,16 @@ def _print_tables(result: Report) -> None:
     for a in result.agents:
         for line in a.learned:
             lb.add_row(
-                a.agent or "(none)",
+                escape(a.agent or "(none)"),
                 line.counter,
                 str(line.line) if line.line is not None else "-",
                 _fmt(line.current),
                 str(line.healthy_runs),
                 line.note,
-                f"tripwire report --agent {a.agent} --write-limits tripwire.toml" if line.line is not None and a.agent else "",
+                # Quoted for the shell: an agent name is whatever the agents reported.
+                escape(f"tripwire report --agent {shlex.quote(a.agent)} --write-limits tripwire.toml")
+                if line.line is not None and a.agent
+                else "",
             )
     out_console.print(lb)
 
@@ -166,7 +171,7 @@ def _write_limits(path: Path, result: Report) -> None:
     except (OSError, ValueError) as exc:
         abort(f"--write-limits {path}: {exc}", EXIT_USAGE)
     err_console.print(
-        f"wrote {', '.join(f'{k} = {v}' for k, v in values.items())} into [limits] of {path}",
+        escape(f"wrote {', '.join(f'{k} = {v}' for k, v in values.items())} into [limits] of {path}"),
         highlight=False, soft_wrap=True,
     )
 
