@@ -136,6 +136,9 @@ def test_the_dashboard_needs_the_token_and_serves_its_own_assets(live: Running) 
     ok = httpx.get(f"{live.url}/", headers={"Authorization": f"Bearer {TOKEN}"})
     assert ok.status_code == 200
     assert "https://" not in ok.text and "http://" not in ok.text  # nothing fetched from elsewhere
+    for path in ("/runs", "/fragments/runs"):  # a page past any store: empty, not a 500
+        far = httpx.get(f"{live.url}{path}?offset=99999999999999999999", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert far.status_code == 200, path
     # A form post without the CSRF token is refused.
     spans = loop_spans(2)
     httpx.post(f"{live.url}/v1/traces", content=protobuf_body(spans), headers=PB)

@@ -267,6 +267,7 @@ def test_the_runs_api_filters_by_verdict_and_refuses_a_query_no_run_can_match(se
         ("limit=5000", "limit"),
         ("limit=ten", "limit"),
         ("offset=-1", "offset"),
+        ("offset=9223372036854775808", "offset"),  # over SQLite's integers: it was a 500
         ("since=yesterday", "since"),
         ("since=nan", "since"),
     ):
@@ -274,3 +275,4 @@ def test_the_runs_api_filters_by_verdict_and_refuses_a_query_no_run_can_match(se
         assert got.status_code == 400, query
         assert got.json()["detail"].startswith(f"{field}: "), got.json()
     assert "stuck" in get("verdict=stuk").json()["detail"]  # the choices are listed
+    assert get("offset=1000000").json()["runs"] == []  # past the end: an empty page

@@ -62,7 +62,7 @@ from tripwire.serve.killchannel import KillChannel, RedisKillChannel, StoreKillC
 from tripwire.serve.metrics import Metrics
 from tripwire.serve.otlp import BodyTooLarge, decode_request, decompress
 from tripwire.serve.spool import Spool, SpoolBusy
-from tripwire.store.runs import MAX_PAGE, Batch, FlagRow, RunStore
+from tripwire.store.runs import MAX_OFFSET, MAX_PAGE, Batch, FlagRow, RunStore
 
 __all__ = ["ServeConfig", "Service", "create_app"]
 
@@ -154,7 +154,7 @@ class Service:
         }
         if config.state == "redis":
             if not config.redis_url:
-                raise ConfigError("--state", "redis", "a --redis URL to keep the state in")
+                raise ConfigError("--redis", None, "a Redis URL when --state is redis (the state is kept there)")
             import redis
 
             from tripwire.serve.shared_state import RedisFleet
@@ -974,7 +974,7 @@ def _runs_query(q: Mapping[str, str], now: float) -> dict[str, Any]:
         if value is not None and value not in choices:
             raise ValueError(f"{name}: {value!r} is none of {', '.join(choices)}")
         query[name] = value
-    for name, default, low, high in (("limit", 50, 1, MAX_PAGE), ("offset", 0, 0, None)):
+    for name, default, low, high in (("limit", 50, 1, MAX_PAGE), ("offset", 0, 0, MAX_OFFSET)):
         text = q.get(name) or None
         try:
             number = default if text is None else int(text)

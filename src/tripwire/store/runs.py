@@ -158,6 +158,9 @@ MAX_CALLS_PER_RUN: Final = 500
 """The last calls of a run kept in ``tripwire_calls`` (the dashboard's timeline)."""
 MAX_PAGE: Final = 1000
 """The most runs one :meth:`RunStore.runs` call answers with (a larger ``limit`` is cut)."""
+MAX_OFFSET: Final = 1 << 62
+"""The largest offset :meth:`RunStore.runs` passes on (a larger one is cut: SQLite and
+PostgreSQL integers are 64-bit, and no store holds that many runs)."""
 MAX_RAW_CHARS: Final = 4096
 """With ``--store-raw``, raw arguments are clipped to this many characters."""
 
@@ -585,7 +588,7 @@ class RunStore:
             rows = conn.execute(
                 query.order_by(runs.c.created_at.desc(), runs.c.trace_id)
                 .limit(max(1, min(limit, MAX_PAGE)))
-                .offset(max(0, offset))
+                .offset(max(0, min(offset, MAX_OFFSET)))
             ).all()
         return [_row_to_run(r._mapping) for r in rows], total
 
