@@ -197,3 +197,11 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
     os.mkfifo(path)
     result = runner.invoke(app, ["explain", str(path)])
     assert result.exit_code == 2 and "not a regular file" in flat(result.stderr)
+
+
+def test_a_directory_is_refused_by_name_not_with_a_traceback(tmp_path: Path) -> None:
+    # os.open() opens a directory on Linux; os.fdopen() then raised IsADirectoryError.
+    result = runner.invoke(app, ["explain", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "it is a directory, not a stop receipt file" in result.stderr

@@ -69,10 +69,18 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
         ["report", "--store", url, "--html", str(tmp_path / "r.png")],
         ["report", "--store", url, "--write-limits", str(tmp_path / "x.toml")],
         ["report", "--store", "mysql://u:p@h/db"],
+        # Each of these was a traceback: a ValueError from float("²"), a rich MarkupError from
+        # the brackets in the message, a FileNotFoundError from writing the page.
+        ["report", "--store", url, "--since", "²d"],
+        ["report", "--store", url, "--since", "[/x]d"],
+        ["report", "--store", url, "--html", str(tmp_path / "no-such-folder" / "r.html")],
     ):
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
         assert "Traceback" not in result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), args
+    shown = runner.invoke(app, ["report", "--store", url, "--since", "[/x]d"])
+    assert "'[/x]d'" in shown.stderr  # the value as given, brackets and all
 
 
 def test_the_suggested_command_is_quoted_for_the_shell_and_names_show_as_sent(tmp_path: Path) -> None:

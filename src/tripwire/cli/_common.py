@@ -6,6 +6,7 @@ from typing import Final, NoReturn
 
 import typer
 from rich.console import Console, RenderableType
+from rich.markup import escape
 
 __all__ = [
     "EXIT_DETECTED",
@@ -50,6 +51,11 @@ def print_table(renderable: RenderableType) -> None:
 
 
 def abort(text: str, code: int = EXIT_USAGE) -> NoReturn:
-    """Print ``text`` as an error on stderr and exit with ``code`` (the only exit path)."""
-    err_console.print(f"[bold red]error:[/] {text}", highlight=False)
+    """Print ``text`` as an error on stderr and exit with ``code`` (the only exit path).
+
+    ``text`` is taken literally: messages carry paths, option values and hints like
+    ``pip install 'tripwire[serve]'``, whose square brackets rich would read as markup (and
+    drop, or fail on: ``--since '[/x]d'`` was a MarkupError traceback).
+    """
+    err_console.print(f"[bold red]error:[/] {escape(text)}", highlight=False)
     raise typer.Exit(code)

@@ -188,14 +188,8 @@ def parse_size(option: str, text: str | None) -> int:
 
 
 def abort_plain(text: str, code: int = EXIT_USAGE) -> NoReturn:
-    """:func:`~tripwire.cli._common.abort` with ``text`` taken literally (no rich markup).
-
-    Messages carry paths, option values and hints like ``pip install 'tripwire[plot]'``,
-    whose square brackets rich would otherwise read as markup and drop.
-    """
-    from rich.markup import escape
-
-    abort(escape(text), code)
+    """:func:`~tripwire.cli._common.abort` (which takes ``text`` literally too)."""
+    abort(text, code)
 
 
 _CLICK_PARAMS: Final = {

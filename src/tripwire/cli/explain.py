@@ -9,7 +9,6 @@ import sys
 from typing import Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -49,10 +48,11 @@ def _read(path: str, source: str) -> bytes:
             abort(f"cannot read {source}: it is a directory, not a stop receipt file.")
         except OSError as exc:
             abort(f"cannot read {source}: {exc.strerror or exc}. Check the path and permissions.")
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):  # os.open() opens a directory; os.fdopen() would refuse it
+            os.close(fd)
+            abort(f"cannot read {source}: it is a directory, not a stop receipt file.")
         with os.fdopen(fd, "rb", buffering=0) as fh:
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISDIR(mode):
-                abort(f"cannot read {source}: it is a directory, not a stop receipt file.")
             if not stat.S_ISREG(mode):
                 abort(f"cannot read {source}: not a regular file (a FIFO or a device).")
             try:
@@ -70,11 +70,11 @@ def _load(path: str) -> StopReceipt:
     try:
         return StopReceipt.from_json(raw, source=source)
     except InputError as exc:
-        abort(f"{escape(str(exc))}. The file must be a tripwire stop receipt (StopReceipt.to_json()).")
+        abort(f"{exc}. The file must be a tripwire stop receipt (StopReceipt.to_json()).")
     except RecursionError:
-        abort(f"{escape(source)}: the JSON is nested too deeply to be a stop receipt.")
+        abort(f"{source}: the JSON is nested too deeply to be a stop receipt.")
     except (ValueError, OverflowError) as exc:  # a number beyond what a receipt can hold
-        abort(f"{escape(source)}: not a valid stop receipt ({escape(str(exc)[:200])}).")
+        abort(f"{source}: not a valid stop receipt ({str(exc)[:200]}).")
 
 
 def _facts(receipt: StopReceipt) -> list[tuple[str, str]]:
@@ -170,6 +170,6 @@ def explain(
         _render(receipt, health)
     except (ValueError, OverflowError, RecursionError) as exc:
         # A receipt whose values parse but cannot be shown (an integer of thousands of digits).
-        abort(f"{escape(receipt_file)}: the receipt holds a value that cannot be shown "
+        abort(f"{receipt_file}: the receipt holds a value that cannot be shown "
               f"({type(exc).__name__}); it was not written by tripwire as it is.")
 

@@ -40,7 +40,7 @@ def _since(text: str | None, now: float) -> float | None:
         return None
     units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
     number, unit = text[:-1], text[-1:]
-    if unit in units and number.replace(".", "", 1).isdigit():
+    if unit in units and number.replace(".", "", 1).isdigit() and number.isascii():  # not "²"
         return now - float(number) * units[unit]
     abort(f"--since must be like 7d, 12h, 30m or 'all', got {text!r}")
 
@@ -78,7 +78,10 @@ def report(
     if write_limits is not None:
         _write_limits(write_limits, result)
     if html_out is not None:
-        html_out.write_text(render_html(result), encoding="utf-8")
+        try:
+            html_out.write_text(render_html(result), encoding="utf-8")
+        except OSError as exc:
+            abort(f"--html {html_out}: cannot write it ({exc.strerror or exc})", EXIT_USAGE)
         err_console.print(f"wrote {html_out}", highlight=False, soft_wrap=True)
     if as_json:
         out_console.print_json(json.dumps(result.as_json()))
