@@ -166,7 +166,9 @@ def test_missing_labels_file(corpus: Path) -> None:
 @pytest.mark.parametrize(
     "args",
     [["--windows", "ten"], ["--thresholds", "1"], ["--keys", "args"], ["--max-periods", "1"],
-     ["--windows", "3", "--thresholds", "4"]],
+     ["--windows", "3", "--thresholds", "4"],
+     # Out of the policy's range: these were a ConfigError traceback with exit code 1.
+     ["--windows", "300000000"], ["--max-periods", "999999999999999999999"]],
 )
 def test_grid_usage_errors(corpus: Path, args: list[str]) -> None:
     result = runner.invoke(app, ["calibrate", str(corpus), "--labels", str(corpus / "labels.jsonl"), *args])

@@ -262,13 +262,17 @@ def calibrate(
         polling_tools=polling_tool,
     )
     axes = default_grid_axes(base)
-    grid = policy_grid(
-        base,
-        windows=_ints("--windows", windows, 1) or list(axes["window"]),
-        thresholds=_ints("--thresholds", thresholds, 2) or list(axes["threshold"]),
-        keys=_keys(keys) or list(axes["key"]),
-        max_periods=_periods(max_periods) or list(axes["max_period"]),
-    )
+    try:
+        grid = policy_grid(
+            base,
+            windows=_ints("--windows", windows, 1) or list(axes["window"]),
+            thresholds=_ints("--thresholds", thresholds, 2) or list(axes["threshold"]),
+            keys=_keys(keys) or list(axes["key"]),
+            max_periods=_periods(max_periods) or list(axes["max_period"]),
+        )
+    except ConfigError as exc:  # a grid value out of the policy's range (--windows 300000000)
+        option = {"window": "--windows", "threshold": "--thresholds", "max_period": "--max-periods"}.get(exc.field)
+        abort_plain(f"{option or 'a grid value'}: {exc}")
     if not grid:
         abort_plain("the grid is empty: every threshold is above every window; widen --windows or lower --thresholds")
 
