@@ -238,3 +238,48 @@ def test_the_timeline_keeps_a_runs_last_calls_when_one_request_brings_more_than_
     assert indexes == list(range(300 + calls - MAX_CALLS_PER_RUN + 1, 300 + calls + 1))
     (run,) = out.routine.runs
     assert run.tool_calls == 300 + calls
+
+
+def _late_tool(i: int, tid: str = TID) -> SpanView:
+    """A call of the run that reaches the receiver after its root span (another process's
+    exporter, sending later), in another request."""
+    return _tool(i, args={"query": f"late {i}"}, result=f"late {i}", tid=tid)
+
+
+def test_a_span_that_comes_after_its_runs_root_leaves_the_ended_run_as_it_was() -> None:
+    fleet = Fleet(reorder_s=0, idle_ttl_s=300)
+    out = fleet.process([_tool(i, args={"q": i}, result=str(i)) for i in range(6)] + [_root()], now=10.0)
+    (row,) = out.ended_runs
+    assert (row.agent, row.tool_calls, row.status) == ("looper", 6, "ended")
+    # Applied, the late call would start the run afresh (agent unknown, one call) and, a
+    # quiet while later, end it again with a half-run receipt written over the real one.
+    late = fleet.process([_late_tool(6), _late_tool(7)], now=11.0)
+    assert late.late_spans == 2 and fleet.late_spans == 2
+    assert late.urgent.runs == [] and late.routine.runs == [] and late.routine.calls == []
+    assert late.judged_calls == 0 and len(fleet) == 0
+    later = fleet.process([], now=11.0 + 301)
+    assert later.ended_runs == [] and later.urgent.runs == [] and later.routine.runs == []
+
+
+def test_a_call_after_the_root_in_the_same_request_is_late_too_but_other_traces_go_on() -> None:
+    other = "cd" * 16
+    fleet = Fleet(reorder_s=0)
+    skewed = dataclasses.replace(_late_tool(9), start_s=2001.0, end_s=2001.5)  # after the root's end
+    out = fleet.process([_tool(0), _root(), skewed, _tool(1, tid=other)], now=5.0)
+    (row,) = out.ended_runs
+    assert row.trace_id == TID and row.tool_calls == 1
+    assert out.late_spans == 1
+    assert [r.trace_id for r in out.routine.runs] == [other]
+
+
+def test_the_memory_of_ended_runs_is_bounded_in_count_and_in_time() -> None:
+    fleet = Fleet(reorder_s=0, max_traces=3, idle_ttl_s=60)
+    tids = [f"{i:032x}" for i in range(1, 6)]
+    for t, tid in enumerate(tids):
+        fleet.process([_tool(0, tid=tid), _root(tid=tid)], now=1.0 + t)
+    assert len(fleet._ended) == 3
+    # The oldest were forgotten first: a late span of the first run is a new run, of the last is late.
+    assert fleet.process([_late_tool(1, tid=tids[-1])], now=7.0).late_spans == 1
+    assert fleet.process([_late_tool(1, tid=tids[0])], now=7.0).late_spans == 0
+    fleet.process([], now=7.0 + 61)
+    assert len(fleet._ended) == 0

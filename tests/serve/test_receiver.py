@@ -276,3 +276,25 @@ def test_the_runs_api_filters_by_verdict_and_refuses_a_query_no_run_can_match(se
         assert got.json()["detail"].startswith(f"{field}: "), got.json()
     assert "stuck" in get("verdict=stuk").json()["detail"]  # the choices are listed
     assert get("offset=1000000").json()["runs"] == []  # past the end: an empty page
+
+
+
+def test_a_span_sent_after_its_runs_root_leaves_the_ended_run_and_its_receipt_as_they_were(sqlite_store: RunStore) -> None:
+    # A tool ran in another process whose exporter sent its span after the agent's root was
+    # judged. Applied, it started the run afresh, and a quiet second later (the idle TTL here)
+    # its end wrote a half-run over the row: no agent, one call, another receipt.
+    config = ServeConfig(tokens=(TOKEN,), reorder_s=0.0, flush_s=0.05, idle_ttl_s=1.0)
+    with running_service(config, sqlite_store) as service:
+        first, late, root = loop_spans(2, agent="fine")
+        tid = trace_id_of([root])
+        post = {"headers": _auth(PB), "timeout": 10}
+        assert httpx.post(f"{service.url}/v1/traces", content=protobuf_body([first, root]), **post).status_code == 200
+        ended = _wait_run(service, tid, status="ended")
+        assert (ended["agent"], ended["tool_calls"]) == ("fine", 1)
+        assert httpx.post(f"{service.url}/v1/traces", content=protobuf_body([late]), **post).status_code == 200
+        time.sleep(2.5)  # past the idle TTL: a run the late span had started would have ended
+        text = httpx.get(f"{service.url}/metrics", headers=service.headers()).text
+        assert "tripwire_spans_late_total 1.0" in text
+        after = httpx.get(f"{service.url}/api/runs/{tid}", headers=service.headers()).json()
+        keys = ("agent", "tool_calls", "status", "updated_at", "receipt")
+        assert {k: after[k] for k in keys} == {k: ended[k] for k in keys}

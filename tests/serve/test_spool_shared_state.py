@@ -77,3 +77,33 @@ def test_a_replayed_request_already_in_the_shared_log_counts_once(
             store.dispose()
     finally:
         redis_client.delete(log_key)
+
+
+@pytest.mark.redis
+def test_a_late_span_is_left_out_by_every_receiver_sharing_the_log(redis_client: Any) -> None:
+    # Receiver A judged the run and its root; the late span goes to receiver B, which has never
+    # seen the trace: B replays the log (the root ends the run there too) and leaves it out.
+    from tripwire.serve.shared_state import LOG_PREFIX, RedisFleet
+    from tripwire.spans import SpanView
+
+    tid = os.urandom(16).hex()
+    redis_client.delete(LOG_PREFIX + tid)
+
+    def tool(i: int) -> SpanView:
+        attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
+                 "gen_ai.tool.call.id": f"c{i}", "gen_ai.tool.call.arguments": f'{{"q": {i}}}'}
+        return SpanView(trace_id=tid, span_id=f"{i + 1:016x}", parent_span_id="f" * 16, name="execute_tool search",
+                        start_s=100.0 + i, end_s=100.5 + i, attributes=attrs)
+
+    root = SpanView(trace_id=tid, span_id="f" * 16, name="invoke_agent a", start_s=99.0, end_s=200.0,
+                    attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"})
+    try:
+        a, b = RedisFleet(redis_client, reorder_s=0), RedisFleet(redis_client, reorder_s=0)
+        out = a.process([tool(0), tool(1), root], now=1.0)
+        assert [(r.agent, r.tool_calls) for r in out.ended_runs] == [("a", 2)]
+        late = b.process([tool(2)], now=2.0)
+        assert late.late_spans == 1 and late.urgent.runs == [] and late.routine.runs == []
+        assert a.process([tool(3)], now=3.0).late_spans == 1
+        assert b.process([], now=400.0).ended_runs == []
+    finally:
+        redis_client.delete(LOG_PREFIX + tid)

@@ -424,6 +424,14 @@ class Service:
             m.runs.labels(stop_reason=row.stop_reason or (row.receipt or {}).get("reason") or "none").inc()
             out.urgent.alerts.extend(self.alerts.for_end(row.trace_id, row.agent, now))
         m.tool_calls.inc(out.judged_calls)
+        if out.late_spans:
+            m.spans_late.inc(out.late_spans)
+            self._log_once(
+                "late",
+                "spans came after their run's root span was judged: left out, the receipt stands "
+                "(raise --reorder-ms if an exporter sends later than its root's); counted in "
+                "tripwire_spans_late_total",
+            )
         try:
             self._commit(out)
         except Exception:

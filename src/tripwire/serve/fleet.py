@@ -101,6 +101,8 @@ class Outcome:
     transitions: list[Transition] = field(default_factory=list)
     judged_calls: int = 0
     ended_runs: list[RunRow] = field(default_factory=list)
+    late_spans: int = 0
+    """Spans of runs whose root span was judged already (see :attr:`Fleet.late_spans`)."""
 
 
 EVENT: Final = 0
@@ -170,7 +172,6 @@ class _Trace:
         "input_tokens",
         "last_seen",
         "output_tokens",
-        "root_ended",
         "service",
         "start_s",
         "steps",
@@ -198,7 +199,6 @@ class _Trace:
         self.budget_stop: StopReason | None = None
         self.timeline: list[CallRow] = []
         self.dirty = True
-        self.root_ended = False
         self.start_s: float | None = None
         self.end_s: float | None = None
 
@@ -262,6 +262,14 @@ class Fleet:
         self._resume: dict[str, RunRow] = {}
         """Run rows of runs still going when this receiver started (see :meth:`resume`)."""
         self._resume_until = 0.0
+        self._ended: OrderedDict[str, float] = OrderedDict()
+        """Traces whose root span ended their run, with when: for ``idle_ttl_s``, at most
+        ``max_traces`` of them (see :attr:`late_spans`)."""
+        self.late_spans = 0
+        """Spans that came after their run's root span was judged (more than ``reorder_s``
+        late: an exporter in another process that sends later), left out. The run's receipt
+        stands as written; applied, such a span would start the run afresh, from zero, and its
+        end would write over the receipt a half-run's."""
 
     def resuming(self, trace_id: str) -> bool:
         """Whether ``trace_id`` will go on from a row given to :meth:`resume`."""
@@ -502,10 +510,14 @@ class Fleet:
         self, tid: str, items: list[tuple[str, Rec, Signature | None]], now: float, out: Outcome
     ) -> None:
         """Apply one trace's records in order: each run of plain tool calls (no root) in one
-        step, anything else one by one."""
+        step, anything else one by one. Records of a run its root span ended are left out."""
         n = len(items)
         i = 0
+        ended = self._ended
         while i < n:
+            if tid in ended:
+                self._late(n - i, out)
+                return
             rec = items[i][1]
             if rec.tool is None or rec.root:
                 self._apply(tid, rec, now, out, items[i][2])
@@ -554,6 +566,10 @@ class Fleet:
             trace.dirty = True
         if rec.root:
             self._end(tid, now, out, idle=False, root=rec)
+
+    def _late(self, n: int, out: Outcome) -> None:
+        self.late_spans += n
+        out.late_spans += n
 
     def _trace(self, tid: str, now: float, out: Outcome) -> _Trace:
         traces = self._traces
@@ -798,6 +814,7 @@ class Fleet:
         if self._resume and now > self._resume_until:
             self._resume.clear()  # the runs that did not come back within the idle TTL are over
         limit = now - self.idle_ttl_s
+        self._forget_ended(limit)
         traces = self._traces
         while traces:
             tid, trace = next(iter(traces.items()))
@@ -814,6 +831,11 @@ class Fleet:
             return
         if root is not None:
             _widen(trace, root)
+            ended = self._ended
+            ended[tid] = now
+            ended.move_to_end(tid)
+            if len(ended) > self.max_traces:
+                ended.popitem(last=False)
         row = self._row(tid, trace, now)
         row.status = "ended"
         row.ended_at = now
@@ -832,6 +854,14 @@ class Fleet:
             out.urgent.calls.extend(trace.timeline)
             trace.timeline = []
         out.ended_runs.append(row)
+
+    def _forget_ended(self, limit: float) -> None:
+        ended = self._ended
+        while ended:
+            tid, at = next(iter(ended.items()))
+            if at >= limit:
+                break
+            del ended[tid]
 
     def _write_dirty(self, now: float, out: Outcome) -> None:
         # An urgent row of a run still going was made mid-batch: bring it up to date, so the

@@ -25,6 +25,11 @@ class Metrics:
             "Spans of retried export requests that were applied already (acknowledged, counted once).",
             registry=r,
         )
+        self.spans_late = Counter(
+            "tripwire_spans_late",
+            "Spans that came after their run's root span was judged (left out: the receipt stands).",
+            registry=r,
+        )
         self.requests = Counter(
             "tripwire_requests", "OTLP requests by HTTP status code.", ["code"], registry=r
         )

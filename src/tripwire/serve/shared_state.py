@@ -98,6 +98,8 @@ class RedisFleet(Fleet):
             if start > first_mine:  # the log expired and began again: start afresh
                 start = 0
                 self._traces.pop(tid, None)
+            if start == 0:
+                self._ended.pop(tid, None)  # the whole log goes in: its root ends the run again
             fetch = start < first_mine
             if fetch:
                 reads.lrange(LOG_PREFIX + tid, start, first_mine - 1)
@@ -153,6 +155,7 @@ class RedisFleet(Fleet):
             if len(fresh) == len(groups[tid]):
                 continue  # none of it was logged: the usual path
             self._traces.pop(tid, None)
+            self._ended.pop(tid, None)
             self._apply_all(tid, [(tid, rec, None) for rec in decoded], now, out)
             self._remember(tid, len(logged))
             if fresh:
