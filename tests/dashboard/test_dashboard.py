@@ -144,3 +144,34 @@ def test_the_dashboard_needs_the_token_and_serves_its_own_assets(live: Running) 
     httpx.post(f"{live.url}/v1/traces", content=protobuf_body(spans), headers=PB)
     forged = httpx.post(f"{live.url}/runs/{trace_id_of(spans)}/kill", headers={"Authorization": f"Bearer {TOKEN}"}, data={"csrf": "x"})
     assert forged.status_code == 403
+
+
+def test_the_dashboards_actions_are_the_apis_a_resolved_run_that_repeats_is_stopped_again_and_an_unknown_run_is_refused(live: Running) -> None:
+    import re
+
+    spans = loop_spans(7)
+    tid = trace_id_of(spans)
+    tools = [s for s in spans if s.name.startswith("execute_tool")]
+    assert httpx.post(f"{live.url}/v1/traces", content=protobuf_body(tools[:6]), headers=PB).status_code == 200
+    assert live.service.kill.get(tid, time.time()) is not None  # stuck: up with the request
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=live.url, headers=auth) as client:
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', client.get(f"/runs/{tid}").text)
+        assert csrf is not None
+        resolved = client.post(f"/runs/{tid}/resolve", data={"csrf": csrf[1]})
+        assert resolved.status_code == 303
+        assert live.service.kill.get(tid, time.time()) is None
+        # The run repeats itself once more: its flag goes up again before the export is answered.
+        assert client.post("/v1/traces", content=protobuf_body(tools[6:]), headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+        flag = live.service.kill.get(tid, time.time())
+        assert flag is not None and flag["hits"] == 7
+        # A trace id no run has: nothing to kill, and no flag left waiting for it.
+        nobody = "0123456789abcdef" * 2
+        refused = client.post(f"/runs/{nobody}/kill", data={"csrf": csrf[1]})
+        assert refused.status_code == 404 and nobody in refused.text
+        assert live.service.kill.get(nobody, time.time()) is None
+        assert client.post(f"/api/runs/{nobody}/kill").status_code == 404
+        assert client.post(f"/runs/{tid}/explode", data={"csrf": csrf[1]}).status_code == 404
+        # A name sent in the path shows as text, not as markup.
+        shown = client.get("/runs/<img src=x onerror=alert(1)>")
+        assert shown.status_code == 404 and "<img" not in shown.text and "&lt;img" in shown.text

@@ -58,11 +58,17 @@ from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
 from tripwire.errors import ConfigError, InputError
 from tripwire.serve.alerts import Alerts, AlertTarget, Sender
 from tripwire.serve.fleet import Fleet, Kill, Outcome
-from tripwire.serve.killchannel import KillChannel, RedisKillChannel, StoreKillChannel, flag_payload
+from tripwire.serve.killchannel import (
+    ACTIONS,
+    KillChannel,
+    RedisKillChannel,
+    StoreKillChannel,
+    flag_payload,
+)
 from tripwire.serve.metrics import Metrics
 from tripwire.serve.otlp import BodyTooLarge, decode_request, decompress
 from tripwire.serve.spool import Spool, SpoolBusy
-from tripwire.store.runs import MAX_OFFSET, MAX_PAGE, Batch, FlagRow, RunStore
+from tripwire.store.runs import MAX_OFFSET, MAX_PAGE, Batch, FlagRow, RunRow, RunStore
 
 __all__ = ["ServeConfig", "Service", "create_app"]
 
@@ -509,6 +515,28 @@ class Service:
         with the transitions of that request, not with the routine writes."""
         self._flags_up.pop(trace_id, None)
 
+    async def operate(self, trace_id: str, action: str, *, message: str) -> RunRow | None:
+        """An operator's action on a run, from the API or the dashboard: ``kill`` raises its
+        flag (saying ``message``), ``resolve`` lowers it, ``acknowledge`` marks the run seen.
+        Returns the run's row after it, or ``None`` (nothing done) when the store has no such
+        run: a flag for a trace id nobody sent would only wait for a run that never comes."""
+        if action not in ACTIONS:
+            raise ValueError(action)
+        store = self.store
+        if await asyncio.to_thread(store.run, trace_id) is None:
+            return None
+        if action == "kill":
+            payload = flag_payload(trace_id, None, at=self.clock(), message=message, by="operator")
+            await asyncio.to_thread(self.kill.raise_flag, payload, self.config.flag_ttl_s)
+            await asyncio.to_thread(store.set_flags, trace_id, killed=True, resolved=False)
+        elif action == "resolve":
+            self.flag_lowered(trace_id)
+            await asyncio.to_thread(self.kill.clear, trace_id)
+            await asyncio.to_thread(store.set_flags, trace_id, resolved=True, killed=False)
+        else:
+            await asyncio.to_thread(store.set_flags, trace_id, acknowledged=True)
+        return await asyncio.to_thread(store.run, trace_id)
+
     def _retry_unwritten(self) -> None:
         while self.unwritten:
             out = self.unwritten[0]
@@ -832,24 +860,11 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
             return unauthorized()
         trace_id = request.path_params["trace_id"].lower()
         action = request.path_params["action"]
-        row = await asyncio.to_thread(svc.store.run, trace_id)
+        if action not in ACTIONS:
+            return JSONResponse({"error": "unknown action", "accepted": list(ACTIONS)}, status_code=404)
+        row = await svc.operate(trace_id, action, message="killed by an operator")
         if row is None:
             return JSONResponse({"error": "no such run", "trace_id": trace_id}, status_code=404)
-        now = svc.clock()
-        if action == "kill":
-            payload = flag_payload(trace_id, None, at=now, message="killed by an operator", by="operator")
-            await asyncio.to_thread(svc.kill.raise_flag, payload, svc.config.flag_ttl_s)
-            await asyncio.to_thread(svc.store.set_flags, trace_id, killed=True, resolved=False)
-        elif action == "resolve":
-            svc.flag_lowered(trace_id)
-            await asyncio.to_thread(svc.kill.clear, trace_id)
-            await asyncio.to_thread(svc.store.set_flags, trace_id, resolved=True, killed=False)
-        elif action == "acknowledge":
-            await asyncio.to_thread(svc.store.set_flags, trace_id, acknowledged=True)
-        else:
-            return JSONResponse({"error": "unknown action", "accepted": ["kill", "resolve", "acknowledge"]}, status_code=404)
-        row = await asyncio.to_thread(svc.store.run, trace_id)
-        assert row is not None
         return JSONResponse({"ok": True, "action": action, "run": row.as_json()})
 
     async def one_flag(request: Request) -> Response:

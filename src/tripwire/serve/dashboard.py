@@ -16,6 +16,7 @@ import hmac
 import json
 import secrets
 import time
+from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlencode
@@ -26,7 +27,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from tripwire.serve.killchannel import flag_payload
+from tripwire.serve.killchannel import ACTIONS
 from tripwire.store.runs import RunStore, runs, verdicts
 
 if TYPE_CHECKING:
@@ -37,6 +38,11 @@ __all__ = ["dashboard_routes"]
 HERE: Final = Path(__file__).parent
 PAGE_SIZE: Final = 50
 VERDICTS: Final = ("working", "stuck", "uncertain", "retrying", "waiting")
+_DONE: Final = {
+    "kill": "Kill flag raised: the agent stops at its next step.",
+    "resolve": "Resolved: the flag is down.",
+    "acknowledge": "Acknowledged.",
+}
 
 
 def _env() -> Any:
@@ -301,7 +307,7 @@ def dashboard_routes(svc: Service) -> list[Any]:
         trace_id = request.path_params["trace_id"].lower()
         data = await asyncio.to_thread(pages.run_page, trace_id, svc.clock())
         if data is None:
-            return HTMLResponse(f"<p>No run {trace_id[:32]} in the store.</p>", status_code=404)
+            return HTMLResponse(f"<p>No run {escape(trace_id[:32])} in the store.</p>", status_code=404)
         return pages.page("run.html", title=f"Run {trace_id[:12]}", page="runs", csrf=pages.csrf(request), flash=request.query_params.get("done"), **data)
 
     async def run_fragment(request: Request) -> Response:
@@ -322,21 +328,11 @@ def dashboard_routes(svc: Service) -> list[Any]:
             return Response("stale form: reload the page", status_code=403)
         trace_id = request.path_params["trace_id"].lower()
         action = request.path_params["action"]
-        now = svc.clock()
-        if action == "kill":
-            payload = flag_payload(trace_id, None, at=now, message="killed from the dashboard", by="operator")
-            await asyncio.to_thread(svc.kill.raise_flag, payload, svc.config.flag_ttl_s)
-            await asyncio.to_thread(svc.store.set_flags, trace_id, killed=True, resolved=False)
-            done = "Kill flag raised: the agent stops at its next step."
-        elif action == "resolve":
-            await asyncio.to_thread(svc.kill.clear, trace_id)
-            await asyncio.to_thread(svc.store.set_flags, trace_id, resolved=True, killed=False)
-            done = "Resolved: the flag is down."
-        elif action == "acknowledge":
-            await asyncio.to_thread(svc.store.set_flags, trace_id, acknowledged=True)
-            done = "Acknowledged."
-        else:
+        if action not in ACTIONS:
             return Response("unknown action", status_code=404)
+        if await svc.operate(trace_id, action, message="killed from the dashboard") is None:
+            return HTMLResponse(f"<p>No run {escape(trace_id[:32])} in the store.</p>", status_code=404)
+        done = _DONE[action]
         return RedirectResponse(f"/runs/{trace_id}?" + urlencode({"done": done}), status_code=303)
 
     return [

@@ -26,6 +26,7 @@ from tripwire.core.watch import Assessment
 from tripwire.store.runs import Batch, FlagRow, RunStore
 
 __all__ = [
+    "ACTIONS",
     "CHANNEL",
     "KEY_PREFIX",
     "KillChannel",
@@ -35,6 +36,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger("tripwire.serve")
+
+ACTIONS: Final = ("kill", "resolve", "acknowledge")
+"""What an operator can do to a run (the API's and the dashboard's ``/{trace_id}/{action}``):
+raise its flag, lower it, mark the run seen."""
 
 KEY_PREFIX: Final = "tripwire:kill:"
 """Redis key of a run's flag: this prefix and the trace id (32 hex)."""
