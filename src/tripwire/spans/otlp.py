@@ -189,15 +189,19 @@ def decode_protobuf(body: bytes) -> Decoded:
 
 
 class _Base(msgspec.Struct, rename="camel", omit_defaults=True, gc=False):
-    """The decoded JSON is a tree (no cycles): the garbage collector need not track it."""
+    """The decoded JSON is a tree (no cycles): the garbage collector need not track it.
+
+    Every field also takes ``null``, which the protobuf JSON mapping reads as the field's
+    default (some encoders write unset fields so): the readers below take ``None`` for it.
+    """
 
 
 class _ArrayValue(_Base):
-    values: list[_AnyValue] = []
+    values: list[_AnyValue | None] | None = []
 
 
 class _KvList(_Base):
-    values: list[_KeyValue] = []
+    values: list[_KeyValue] | None = []
 
 
 class _AnyValue(_Base):
@@ -211,7 +215,7 @@ class _AnyValue(_Base):
 
 
 class _KeyValue(_Base):
-    key: str = ""
+    key: str | None = ""
     value: _AnyValue | None = None
 
 
@@ -221,44 +225,47 @@ class _Status(_Base):
 
 
 class _Event(_Base):
-    name: str = ""
-    attributes: list[_KeyValue] = []
+    name: str | None = ""
+    attributes: list[_KeyValue] | None = []
 
 
 class _Span(_Base):
-    trace_id: str = ""
-    span_id: str = ""
-    parent_span_id: str = ""
-    name: str = ""
-    start_time_unix_nano: int | str | None = None
-    end_time_unix_nano: int | str | None = None
-    attributes: list[_KeyValue] = []
-    events: list[_Event] = []
+    trace_id: str | None = ""
+    span_id: str | None = ""
+    parent_span_id: str | None = ""
+    name: str | None = ""
+    start_time_unix_nano: int | float | str | None = None
+    end_time_unix_nano: int | float | str | None = None
+    """Nanoseconds: an int, or its decimal string; a float (``1.7e18``, as some encoders of
+    numbers write it) is read as the nearest nanosecond."""
+    attributes: list[_KeyValue] | None = []
+    events: list[_Event] | None = []
     status: _Status | None = None
 
 
 class _Scope(_Base):
-    name: str = ""
+    name: str | None = ""
 
 
 class _ScopeSpans(_Base):
     scope: _Scope | None = None
-    spans: list[_Span] = []
+    spans: list[_Span] | None = []
 
 
 class _Resource(_Base):
-    attributes: list[_KeyValue] = []
+    attributes: list[_KeyValue] | None = []
 
 
 class _ResourceSpans(_Base):
     resource: _Resource | None = None
-    scope_spans: list[_ScopeSpans] = []
-    instrumentation_library_spans: list[_ScopeSpans] = []
+    scope_spans: list[_ScopeSpans] | None = []
+    instrumentation_library_spans: list[_ScopeSpans] | None = []
     """The pre-1.0 name of ``scopeSpans`` (old Collectors still write it)."""
 
 
 class _Request(_Base):
-    resource_spans: list[_ResourceSpans] | msgspec.UnsetType = msgspec.UNSET
+    resource_spans: list[_ResourceSpans] | msgspec.UnsetType | None = msgspec.UNSET
+    """``null`` is an envelope with no spans; absent, the body is no OTLP request."""
 
 
 def _json_scanner() -> Any:
@@ -305,9 +312,9 @@ def _any(v: _AnyValue | None, out: Decoded, depth: int = 0) -> Any:
             out.deep += 1
             return None
         if v.array_value is not None:
-            return tuple(_any(x, out, depth + 1) for x in v.array_value.values)
+            return tuple(_any(x, out, depth + 1) for x in v.array_value.values or ())
         assert v.kvlist_value is not None
-        return {kv.key: _any(kv.value, out, depth + 1) for kv in v.kvlist_value.values}
+        return {kv.key or "": _any(kv.value, out, depth + 1) for kv in v.kvlist_value.values or ()}
     if v.bytes_value is not None:
         try:
             return base64.b64decode(v.bytes_value)
@@ -331,11 +338,13 @@ def _wanted(key: str) -> bool:
     return keep
 
 
-def _attrs(kvs: list[_KeyValue], out: Decoded) -> dict[str, Any]:
+def _attrs(kvs: list[_KeyValue] | None, out: Decoded) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
+    if not kvs:
+        return attrs
     wanted = _WANTED.get
     for kv in kvs:
-        key = kv.key
+        key = kv.key or ""
         keep = wanted(key)
         if keep or (keep is None and _wanted(key)):
             v = kv.value
@@ -369,11 +378,16 @@ def _id(value: str, nbytes: int) -> str | None:
     return raw.hex()
 
 
-def _seconds(nanos: int | str | None, out: Decoded) -> float | None:
+def _seconds(nanos: int | float | str | None, out: Decoded) -> float | None:
     """Seconds from OTLP nanoseconds; ``None`` for 0 (unset), and for what is not a time."""
     if nanos is None:
         return None
-    if isinstance(nanos, str):
+    if isinstance(nanos, float):
+        if not 0.0 <= nanos < _MAX_NANOS:  # NaN fails both
+            out.bad_times += 1
+            return None
+        nanos = round(nanos)
+    elif isinstance(nanos, str):
         if len(nanos) > 24:  # 2**64 has 20 digits: a longer string is no time
             out.bad_times += 1
             return None
@@ -390,10 +404,10 @@ def _seconds(nanos: int | str | None, out: Decoded) -> float | None:
     return nanos / 1e9
 
 
-def _exception_type(events: list[_Event]) -> str | None:
-    for event in events:
+def _exception_type(events: list[_Event] | None) -> str | None:
+    for event in events or ():
         if event.name == "exception":
-            for kv in event.attributes:
+            for kv in event.attributes or ():
                 if kv.key == "exception.type":
                     v = kv.value
                     s = v.string_value if v is not None else None
@@ -413,11 +427,11 @@ _Group = tuple["dict[str, Any] | None", "str | None", "list[_Span]"]
 
 def _groups(req: _Request, out: Decoded) -> Iterator[_Group]:
     assert not isinstance(req.resource_spans, msgspec.UnsetType)
-    for rs in req.resource_spans:
+    for rs in req.resource_spans or ():
         resource = _attrs(rs.resource.attributes, out) if rs.resource is not None else None
-        for ss in rs.scope_spans or rs.instrumentation_library_spans:
+        for ss in rs.scope_spans or rs.instrumentation_library_spans or ():
             scope = ss.scope.name or None if ss.scope is not None else None
-            yield resource, scope, ss.spans
+            yield resource, scope, ss.spans or []
 
 
 def _json_views(groups: Iterable[_Group], out: Decoded) -> None:
@@ -457,7 +471,7 @@ def _json_views(groups: Iterable[_Group], out: Decoded) -> None:
                     trace_id,
                     span_id,
                     parent,
-                    sp.name,
+                    sp.name or "",
                     start / 1e9 if type(start) is int and 0 < start < _MAX_NANOS else _seconds(start, out),
                     end / 1e9 if type(end) is int and 0 < end < _MAX_NANOS else _seconds(end, out),
                     error,
@@ -475,7 +489,7 @@ def _json_views(groups: Iterable[_Group], out: Decoded) -> None:
 
 class _RawScopeSpans(_Base):
     scope: _Scope | None = None
-    spans: list[msgspec.Raw] = []
+    spans: list[msgspec.Raw] | None = []
 
 
 _NO_RAW: Final = msgspec.Raw(b"")
@@ -483,12 +497,12 @@ _NO_RAW: Final = msgspec.Raw(b"")
 
 class _RawResourceSpans(_Base):
     resource: msgspec.Raw = _NO_RAW
-    scope_spans: list[_RawScopeSpans] = []
-    instrumentation_library_spans: list[_RawScopeSpans] = []
+    scope_spans: list[_RawScopeSpans] | None = []
+    instrumentation_library_spans: list[_RawScopeSpans] | None = []
 
 
 class _RawRequest(_Base):
-    resource_spans: list[_RawResourceSpans] | msgspec.UnsetType = msgspec.UNSET
+    resource_spans: list[_RawResourceSpans] | msgspec.UnsetType | None = msgspec.UNSET
 
 
 _RAW_DECODER: Final = msgspec.json.Decoder(_RawRequest)
@@ -537,7 +551,7 @@ def _recover(data: bytes) -> Decoded | None:
     out = Decoded()
     bad = out.undecodable
     groups: list[_Group] = []
-    for rs in req.resource_spans:
+    for rs in req.resource_spans or ():
         resource: dict[str, Any] | None = None
         raw_resource = bytes(rs.resource)
         if raw_resource and raw_resource != b"null":
@@ -547,10 +561,10 @@ def _recover(data: bytes) -> Decoded | None:
                 resource = _attrs(_RESOURCE_DECODER.decode(raw_resource).attributes, out)
             except (msgspec.DecodeError, RecursionError) as exc:
                 bad.append(f"resource: {_span_error(exc)}")
-        for ss in rs.scope_spans or rs.instrumentation_library_spans:
+        for ss in rs.scope_spans or rs.instrumentation_library_spans or ():
             scope = ss.scope.name or None if ss.scope is not None else None
             spans: list[_Span] = []
-            for raw in ss.spans:
+            for raw in ss.spans or ():
                 if marked and _MARK in bytes(raw):
                     bad.append("a lone surrogate escape")
                     continue
