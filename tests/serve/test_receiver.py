@@ -93,6 +93,27 @@ def test_json_encoding_and_gzip(service: Running) -> None:
     assert run["tool_calls"] == 4
 
 
+def test_a_gzip_body_of_several_members_is_read_whole_and_a_truncated_one_is_refused(service: Running) -> None:
+    import zlib
+
+    spans = loop_spans(5)
+    body = protobuf_body(spans)
+    half = len(body) // 2
+    members = gzip.compress(body[:half]) + b"\0\0" + gzip.compress(body[half:])  # as concatenated .gz files
+    headers = _auth({**PB, "Content-Encoding": "gzip"})
+    got = httpx.post(f"{service.url}/v1/traces", content=members, headers=headers)
+    assert got.status_code == 200, got.text
+    run = _wait_run(service, trace_id_of(spans), status="ended")
+    assert (run["tool_calls"], run["verdict"]) == (5, "stuck")
+    for broken, encoding in (
+        (gzip.compress(body)[:-12], "gzip"),  # cut inside the stream
+        (gzip.compress(body) + b"not gzip", "gzip"),
+        (zlib.compress(body) + b"more", "deflate"),
+    ):
+        refused = httpx.post(f"{service.url}/v1/traces", content=broken, headers=_auth({**PB, "Content-Encoding": encoding}))
+        assert refused.status_code == 400, (encoding, refused.text)
+
+
 def test_protobuf_answer_is_an_export_response(service: Running) -> None:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceResponse,

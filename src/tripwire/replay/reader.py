@@ -37,7 +37,6 @@ from __future__ import annotations
 import os
 import stat
 import sys
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -46,7 +45,14 @@ import msgspec
 
 from tripwire.errors import InputError
 from tripwire.spans import SpanView
-from tripwire.spans.otlp import MAX_DEPTH, Decoded, decode_json, decode_protobuf
+from tripwire.spans.otlp import (
+    MAX_DEPTH,
+    BodyTooLarge,
+    Decoded,
+    decode_json,
+    decode_protobuf,
+    decompress,
+)
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -170,36 +176,6 @@ def _read_protobuf(data: bytes, source: str, problems: list[Problem]) -> list[Sp
 # -- files ----------------------------------------------------------------------------------------
 
 
-class _OverCap(Exception):
-    """Decompressed data would exceed the cap."""
-
-
-def _gunzip(data: bytes, limit: int) -> bytes:
-    """Undo gzip (every member), stopping as soon as the output would exceed ``limit`` bytes.
-
-    Raises:
-        _OverCap: the output would exceed ``limit``.
-        EOFError, zlib.error: truncated or corrupt data.
-    """
-    out = bytearray()
-    while data:
-        d = zlib.decompressobj(wbits=31)
-        buf = data
-        while True:
-            out += d.decompress(buf, limit + 1 - len(out))  # max_length >= 1: never "unbounded"
-            if len(out) > limit:
-                raise _OverCap()
-            buf = d.unconsumed_tail
-            if d.eof or not buf:
-                break
-        if not d.eof:
-            raise EOFError("gzip data ends early")
-        data = d.unused_data.lstrip(b"\x00")  # members may be padded with zeros
-        if data and data[:2] != _GZIP_MAGIC:
-            raise zlib.error("trailing garbage after the gzip data")
-    return bytes(out)
-
-
 def _size(n: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
@@ -243,15 +219,15 @@ def _decode_into(
     name = source.lower()
     if data[:2] == _GZIP_MAGIC:
         try:
-            data = _gunzip(data, max_file_bytes)
-        except _OverCap:
+            data = decompress(data, "gzip", max_bytes=max_file_bytes)
+        except BodyTooLarge:
             batch.problems.append(Problem(
                 source,
                 f"decompresses to more than {_size(max_file_bytes)}, the cap per file; skipped "
                 "(raise it with --max-file-size if the file is genuine)",
             ))
             return
-        except (OSError, EOFError, zlib.error):
+        except InputError:
             batch.problems.append(Problem(source, "gzip data is truncated or corrupt"))
             return
         name = name.removesuffix(".gz")

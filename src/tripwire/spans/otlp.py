@@ -648,9 +648,13 @@ def decode_request(body: bytes, content_type: str | None) -> Decoded:
 def decompress(body: bytes, encoding: str | None, *, max_bytes: int) -> bytes:
     """The request body without its ``Content-Encoding`` (``gzip``, ``deflate`` or none).
 
+    A gzip body may hold several members one after the other (RFC 1952; what concatenated
+    gzip files are): they are read in turn, as ``gunzip`` reads them.
+
     Raises:
-        InputError: an unknown encoding, a corrupt stream, or more than ``max_bytes``
-            decompressed (field ``body``; :class:`BodyTooLarge` for the size).
+        InputError: an unknown encoding, a corrupt or truncated stream, data after a deflate
+            stream, or more than ``max_bytes`` decompressed (field ``body``;
+            :class:`BodyTooLarge` for the size).
     """
     enc = (encoding or "identity").strip().lower()
     if enc in ("", "identity"):
@@ -659,13 +663,30 @@ def decompress(body: bytes, encoding: str | None, *, max_bytes: int) -> bytes:
         return body
     if enc not in ("gzip", "deflate", "x-gzip"):
         raise InputError("Content-Encoding", f"{enc!r} is not supported: send gzip, deflate or identity")
-    wbits = 16 + zlib.MAX_WBITS if enc != "deflate" else zlib.MAX_WBITS
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(body, max_bytes + 1)
-    except zlib.error as exc:
-        raise InputError("body", f"corrupt {enc} data ({exc})") from None
-    if len(out) > max_bytes or inflater.unconsumed_tail:
-        raise BodyTooLarge("body", f"over {max_bytes} bytes once decompressed")
-    return out
+    gzipped = enc != "deflate"
+    wbits = 16 + zlib.MAX_WBITS if gzipped else zlib.MAX_WBITS
+    parts: list[bytes] = []
+    size = 0
+    data = body
+    while True:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            part = inflater.decompress(data, max_bytes + 1 - size)  # at least 1: 0 is no limit
+        except zlib.error as exc:
+            raise InputError("body", f"corrupt {enc} data ({exc})") from None
+        size += len(part)
+        if size > max_bytes or inflater.unconsumed_tail:
+            raise BodyTooLarge("body", f"over {max_bytes} bytes once decompressed")
+        parts.append(part)
+        if not inflater.eof:
+            raise InputError("body", f"truncated {enc} data (the body ends inside the compressed stream)")
+        data = inflater.unused_data
+        if not gzipped:
+            if data:
+                raise InputError("body", f"{len(data)} bytes after the end of the deflate stream")
+            break
+        data = data.lstrip(b"\0")  # members may be padded with zeros
+        if not data:
+            break
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
