@@ -149,3 +149,16 @@ def test_help_shows_each_variable_once() -> None:
             if isinstance(envvar, str):
                 shown = len(re.findall(rf"env var: {envvar}\b", text))
                 assert shown == 1, (name, envvar, shown)
+
+
+def test_a_port_in_use_is_refused_by_name_before_anything_is_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    monkeypatch.setenv("TRIPWIRE_TOKEN", "a-token-of-enough-length-0123")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        db = tmp_path / "runs.db"
+        result = runner.invoke(app, ["serve", "--port", str(port), "--store", f"sqlite:///{db}", "--spool", "off"])
+    assert result.exit_code == 2, result.output
+    assert f"port {port} on 127.0.0.1 is in use" in result.output and "--port" in result.output
+    assert not db.exists()  # refused before the store was created

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import secrets
+import socket
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -43,6 +45,22 @@ class _JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         return json.dumps(entry)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Abort (exit 2) unless the service can listen on ``host:port``, before anything is opened
+    (uvicorn's own failure is a log line and exit 3, after the start banner)."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        abort(f"host {host}: not an address this machine can listen on ({exc})")
+    try:
+        with socket.create_server(address[:2], family=family):
+            pass
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            abort(f"port {port} on {host} is in use (another tripwire serve, or a Collector?): choose another with --port")
+        abort(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
 
 
 def _tokens(token_file: str | None) -> tuple[str, ...]:
@@ -162,6 +180,7 @@ def serve(
             "no bearer token: set TRIPWIRE_TOKEN (or --token-file), e.g. "
             f"export TRIPWIRE_TOKEN={suggestion} ; or pass --no-auth on a trusted loopback"
         )
+    _check_listen(settings["host"], settings["port"])
     backend = protobuf_backend()
     if backend != "upb":
         log.warning(
