@@ -5,6 +5,9 @@ Exit codes: 0 OK, 1 a failure or a detection you asked to fail on, 2 a usage err
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
 
 from tripwire._version import __version__
@@ -48,5 +51,23 @@ from tripwire.cli import serve as _serve  # noqa: E402,F401
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point.
+
+    An output that cannot be written (a full disk, ``> /dev/full``, a closed pipe) ends the
+    command with one line on standard error and exit code 1, never a traceback.
+    """
+    try:
+        try:
+            app()
+        finally:
+            sys.stdout.flush()  # what is still buffered fails here, not in the interpreter's exit
+    except OSError as exc:
+        # Nothing more can reach standard output: point it at the null device, so that the
+        # interpreter's own flush at exit does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        if not isinstance(exc, BrokenPipeError):  # the reader left (| head): nothing to say
+            where = f" ({exc.filename})" if exc.filename else ""
+            print(f"error: cannot write the output{where}: {exc.strerror or exc}", file=sys.stderr)
+        sys.exit(1)
