@@ -345,6 +345,18 @@ def test_a_gzip_bomb_is_a_bad_file_and_the_cap_can_be_raised(traces: Path) -> No
     assert bad.exit_code == 2 and "--max-file-size" in bad.stderr
 
 
+def test_a_cap_far_above_the_memory_reads_files_and_standard_input_as_they_are(traces: Path) -> None:
+    # The cap is a limit, not a buffer: a read of "up to 64 GiB" asked for 64 GiB at once.
+    small = runner.invoke(app, ["replay", str(traces), "--json", *PINNED])
+    huge = runner.invoke(app, ["replay", str(traces), "--json", "--max-file-size", "64G", *PINNED])
+    assert huge.exit_code == small.exit_code == 0, huge.output
+    assert huge.stdout == small.stdout and len(_lines(huge.stdout)) == 3
+    piped = runner.invoke(app, ["replay", "-", "--json", "--max-file-size", "64G", *PINNED],
+                          input=(traces / "loop.json").read_bytes())
+    assert piped.exit_code == 0, piped.output
+    assert [o["trace_id"] for o in _lines(piped.stdout)] == [f"{1:032x}"]
+
+
 def test_verdicts_carry_their_source_files(traces: Path) -> None:
     result = runner.invoke(app, ["replay", str(traces), "--json", *PINNED])
     by_id = {o["trace_id"]: o for o in _lines(result.stdout)}

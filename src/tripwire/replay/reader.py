@@ -339,12 +339,28 @@ def _read_file(path: str, limit: int) -> bytes | Problem:
             if info.st_size > limit:
                 return Problem(path, f"{_size(info.st_size)}, over the cap of {_size(limit)} per "
                                "file; skipped (raise it with --max-file-size)")
-            data = fh.read(limit + 1)
+            data = _read_capped(fh.read, limit + 1, first=info.st_size + 1)
         except OSError as exc:
             return Problem(path, f"cannot be read ({exc.strerror or exc})")
     if len(data) > limit:
         return Problem(path, f"over the cap of {_size(limit)} per file; skipped (raise it with --max-file-size)")
     return data
+
+
+def _read_capped(read: Callable[[int], bytes], cap: int, *, first: int = 1 << 20) -> bytes:
+    """At most ``cap`` bytes from ``read``, to its end, in growing chunks from ``first``: a cap
+    of 64 GiB must not ask for 64 GiB of memory up front (``read(cap)`` does)."""
+    chunks: list[bytes] = []
+    size = 0
+    want = max(first, 1)
+    while size < cap:
+        chunk = read(min(want, cap - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        want = min(want * 2, 64 << 20)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def read_batches(
@@ -373,7 +389,7 @@ def read_files(
     """:func:`read_batches` of what :func:`expand_paths` gave: ``(path, found_in_walk)``."""
     for path, walked in files:
         if path == STDIN:
-            data = sys.stdin.buffer.read(max_file_bytes + 1)
+            data = _read_capped(sys.stdin.buffer.read, max_file_bytes + 1)
             if on_file is not None:
                 on_file(path, len(data))
             if len(data) > max_file_bytes:
