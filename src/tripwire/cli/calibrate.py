@@ -346,7 +346,7 @@ def calibrate(
         _table(result, order)
 
     if line_alpha is not None:
-        _step_lines(labelled, line_alpha, line_per, write_limits)
+        _step_lines(labelled, line_alpha, line_per, write_limits, json_out=json_out)
 
     if plot is not None:
         from tripwire.replay.plot import PlotUnavailable, plot_calibration
@@ -459,48 +459,95 @@ def _table(result: object, order: list[int]) -> None:
         )
 
 
-def _step_lines(labelled: object, alpha: float, per: str, write_limits: str | None) -> None:
-    """Learn, print and (with ``--write-limits``) write the step line of each group."""
+def _step_lines(labelled: object, alpha: float, per: str, write_limits: str | None, *, json_out: bool = False) -> None:
+    """Learn, print (a table, or with ``--json`` a ``{"step_line": ...}`` line per group) and,
+    with ``--write-limits``, write the step line of each group: every file or none."""
     from pathlib import Path
 
+    from rich.markup import escape
     from rich.table import Table
 
     from tripwire.replay.calibrate import learn_step_lines, limits_file_text
 
     groups = learn_step_lines(labelled, alpha=alpha, per=per)  # type: ignore[arg-type]
-    table = Table(
-        title=f"step line per {per} · alpha {alpha:g} (split-conformal over healthy runs)",
-        title_justify="left",
-    )
-    for name in ("group", "healthy", "max_tool_calls", "incidents over", "healthy over"):
-        table.add_column(name, justify="left" if name == "group" else "right", no_wrap=True)
+    if json_out:
+        import msgspec
+
+        for g in groups:
+            learned_line = g.line is not None
+            typer.echo(msgspec.json.encode({"step_line": {
+                "per": per, "group": g.group, "alpha": alpha, "healthy": g.healthy,
+                "incidents": g.incidents,
+                "max_tool_calls": g.line.max_tool_calls if g.line is not None else None,
+                "incidents_over": g.incidents_over if learned_line else None,
+                "healthy_over": g.healthy_over if learned_line else None,
+                "refused": g.refused or None,
+            }}).decode())
+    else:
+        table = Table(
+            title=f"step line per {per} · alpha {alpha:g} (split-conformal over healthy runs)",
+            title_justify="left",
+        )
+        for name in ("group", "healthy", "max_tool_calls", "incidents over", "healthy over"):
+            table.add_column(name, justify="left" if name == "group" else "right", no_wrap=True)
+        for g in groups:
+            if g.line is None:
+                table.add_row(escape(g.group), str(g.healthy), "—", "—", "—")
+            else:
+                table.add_row(escape(g.group), str(g.healthy), str(g.line.max_tool_calls),
+                              f"{g.incidents_over}/{g.incidents}", f"{g.healthy_over}/{g.healthy}")
+        out_console.print(table)
     for g in groups:
         if g.line is None:
-            table.add_row(g.group, str(g.healthy), "—", "—", "—")
-            err_console.print(f"[yellow]{g.group}:[/] {g.refused}", highlight=False)
-        else:
-            table.add_row(g.group, str(g.healthy), str(g.line.max_tool_calls),
-                          f"{g.incidents_over}/{g.incidents}", f"{g.healthy_over}/{g.healthy}")
-    out_console.print(table)
+            err_console.print(f"[yellow]{escape(g.group)}:[/] {escape(g.refused)}", highlight=False)
     if write_limits is None:
         return
     learned = [g for g in groups if g.line is not None]
     if not learned:
         abort_plain("no step line could be learned (too few healthy runs in every group); nothing written")
     target = Path(write_limits)
-    paths = {g.group: target for g in learned} if len(groups) == 1 else {
-        g.group: target.with_name(f"{target.stem}.{_safe(g.group)}{target.suffix or '.toml'}") for g in learned
-    }
+    if len(groups) == 1:
+        paths = {learned[0].group: target}
+    else:
+        names = _file_names([g.group for g in learned])
+        suffix = target.suffix or ".toml"
+        paths = {g.group: target.with_name(f"{target.stem}.{names[g.group]}{suffix}") for g in learned}
+    # Every file is checked before one is written, and a failed write takes back the others
+    # written: after fixing the cause, the same command starts from the same place.
+    for path in paths.values():
+        if path.exists():
+            abort_plain(f"{path} exists; tripwire calibrate writes only new files (pass another --write-limits); nothing written")
+    written: list[Path] = []
     for g in learned:
         path = paths[g.group]
-        if path.exists():
-            abort_plain(f"{path} exists; tripwire calibrate writes only new files (pass another --write-limits)")
         try:
-            path.write_text(limits_file_text(g))
+            with path.open("x", encoding="utf-8") as fh:
+                written.append(path)
+                fh.write(limits_file_text(g))
         except OSError as exc:
-            abort_plain(f"cannot write {path} ({exc.strerror or exc}); check the path")
-        err_console.print(f"[dim]{g.group}: max_tool_calls = {g.line.max_tool_calls if g.line else '-'} written to {path}[/]", highlight=False)
+            for done in written:
+                done.unlink(missing_ok=True)
+            abort_plain(f"cannot write {path} ({exc.strerror or exc}); check the path; nothing written")
+    for g in learned:
+        assert g.line is not None
+        err_console.print(f"[dim]{escape(g.group)}: max_tool_calls = {g.line.max_tool_calls} written to {paths[g.group]}[/]", highlight=False)
 
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name) or "_"
+
+
+def _file_names(groups: list[str]) -> dict[str, str]:
+    """Each group's part of a file name: its name made safe, with a digest of the name where
+    two groups would share one (``a/b`` and ``a:b`` are both ``a_b``; ``A`` and ``a`` on a
+    disk blind to case)."""
+    import hashlib
+
+    safe = {g: _safe(g) for g in groups}
+    seen: dict[str, int] = {}
+    for name in safe.values():
+        seen[name.lower()] = seen.get(name.lower(), 0) + 1
+    return {
+        g: name if seen[name.lower()] == 1 else f"{name}-{hashlib.sha256(g.encode()).hexdigest()[:8]}"
+        for g, name in safe.items()
+    }
