@@ -333,6 +333,40 @@ def test_restricted_last_step_refuses_tools_without_counting() -> None:
     assert guard.snapshot().counters.tool_calls == 1
 
 
+def test_a_call_that_cannot_be_refused_is_counted_and_its_cap_still_holds() -> None:
+    # A framework callback cannot hand a refusal to the model: the call runs whatever the
+    # guard says. The receipt must count it, and a count cap must stop the run, not let it by.
+    guard = Guard(Limits(max_steps=2, max_tool_calls=3), loop_policy=None)
+    guard.before_step()
+    guard.before_tool("search", {"q": 1})
+    guard.after_tool("search", {"q": 1}, ToolResult.success("a"))
+    assert guard.before_step().level is Level.RESTRICT
+    said = guard.before_tool("search", {"q": 2}, refusable=False)
+    assert not said.allowed and "last step" in (said.message or "")  # what was not delivered
+    guard.after_tool("search", {"q": 2}, ToolResult.success("b"))
+    assert guard.snapshot().counters.tool_calls == 2
+    guard.before_tool("search", {"q": 3}, refusable=False)
+    with pytest.raises(BudgetExceeded):
+        guard.before_tool("search", {"q": 4}, refusable=False)
+    assert guard.snapshot().counters.tool_calls == 3
+
+
+def test_a_nudge_that_cannot_be_delivered_counts_the_call_and_stops_the_run_when_it_ends() -> None:
+    guard = Guard(on_loop="nudge")
+    args = {"query": "refund policy"}
+    for _ in range(3):
+        guard.before_tool("search_docs", args)
+        guard.after_tool("search_docs", args, ToolResult.success("no results"))
+    said = guard.before_tool("search_docs", args, refusable=False)
+    assert said.message == NUDGE
+    # It ran: the 4th identical call, after the nudge, trips the rule again: the stop.
+    with pytest.raises(LoopDetected):
+        guard.after_tool("search_docs", args, ToolResult.success("no results"))
+    assert guard.snapshot().counters.tool_calls == 4
+    with pytest.raises(LoopDetected):
+        guard.before_tool("search_docs", args, refusable=False)
+
+
 # -- sub-agents ---------------------------------------------------------------------------
 
 

@@ -248,6 +248,8 @@ def test_a_refusal_a_callback_cannot_deliver_is_said_once(
     assert isinstance(out, StoppedRun) and out.reason is StopReason.MAX_STEPS
     assert caplog.text.count("cannot replace a tool's result") == 1
     assert counters.tool_bodies == 3  # the refused 3rd call ran: no interceptor on this graph
+    # ...and the receipt counts it: it says what ran, not what tripwire would have let run.
+    assert out.receipt.counters.tool_calls == counters.tool_bodies
 
 
 def _batch(i: int, seen: list[str], tools: bool) -> Any:

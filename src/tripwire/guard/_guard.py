@@ -360,27 +360,41 @@ class Guard:
 
     # -- tool calls -------------------------------------------------------------------------
 
-    def before_tool(self, tool: str, arguments: Any = ABSENT) -> Advisory:
-        """Call before running one tool call; see :meth:`before_tools` (the hot path)."""
+    def before_tool(self, tool: str, arguments: Any = ABSENT, *, refusable: bool = True) -> Advisory:
+        """Call before running one tool call; see :meth:`before_tools` (the hot path).
+
+        ``refusable=False``: the caller cannot keep the call from running (a framework's
+        callback can raise, but not hand a refusal to the model in place of the result). A
+        soft refusal (the nudge, a restriction near a budget's end) is then still returned,
+        to say what was not delivered, but the call is counted as one that runs, caps and
+        all; stops raise as always.
+        """
         if not isinstance(tool, str):
             raise ConfigError("tool", tool, "a tool name (str)")
         now = self._clock() if self._timed else 0.0
+        soft: Advisory | None = None
         with self._lock:
             if self._cause is not None:
                 self._refuse_after_stop(1)
             if self._timed:
                 self._check_time(now)
             if self._restricted is not None:
-                return self._restricted
-            if self._nudge_due is not None:
-                return self._hand_out_nudge()
+                if refusable:
+                    return self._restricted
+                soft = self._restricted
+            elif self._nudge_due is not None:
+                if refusable:
+                    return self._hand_out_nudge()
+                soft = self._hand_out_nudge()
             sig: Signature | None = None
             if self._loops or self._dup_cap is not None or self._state.failures:
                 sig = self.normalizer.signature(tool, arguments)
                 if self._loops or self._state.failures:
                     nudge = self._preview((sig,), now)
                     if nudge is not None:
-                        return nudge
+                        if refusable:
+                            return nudge
+                        soft = soft or nudge
                 if self._dup_cap is not None and self._dups.get(sig.key, 0) >= self._dup_cap:
                     stop = check_duplicates(self.limits, self._dups, ((tool, sig.key),))
                     assert stop is not None
@@ -401,6 +415,8 @@ class Guard:
                 if len(pending) >= _PENDING_MAX:
                     pending.clear()
                 pending[(tool, id(arguments))] = (arguments, sig)
+            if soft is not None:
+                return soft
             if not plan.capped:
                 return OK
             return self._count_advisory(plan, totals)

@@ -222,8 +222,11 @@ class RunControl:
 
     # -- tool calls -------------------------------------------------------------------------
 
-    def before_tool(self, tool: str, arguments: Any) -> str | None:
+    def before_tool(self, tool: str, arguments: Any, *, refusable: bool = True) -> str | None:
         """Call before running one tool call, with the arguments the model gave.
+
+        ``refusable=False``: the call runs whatever is returned (a callback that cannot
+        replace a tool's result); it is counted as a call that runs.
 
         Returns:
             ``None``: run it. A string: do **not** run it; hand the string to the model as
@@ -234,7 +237,7 @@ class RunControl:
             RunStopped: the run stops here (the call would be stuck, a cap fired, or an
                 earlier stop).
         """
-        advisory = self.guard.before_tool(tool, arguments)
+        advisory = self.guard.before_tool(tool, arguments, refusable=refusable)
         if not advisory.allowed:
             return advisory.message or "Tool call refused by tripwire."
         return None

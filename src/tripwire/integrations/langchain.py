@@ -598,7 +598,7 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
             return
         if run.stopped is not None:
             raise run.stopped  # before the tool body: it does not run
-        if run.before_tool(name, arguments) is not None and not self._warned:
+        if run.before_tool(name, arguments, refusable=False) is not None and not self._warned:
             # A callback cannot hand a refusal to the model in place of the result; the
             # ToolNode interceptor (wrap_tool_call) does that. Say so once, not silently.
             self._warned = True
