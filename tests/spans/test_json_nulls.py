@@ -96,3 +96,31 @@ def test_times_written_as_json_floats_are_read_to_the_nanosecond_they_round_to()
     assert (first.start_s, first.end_s) == (1.7e9, 1700000000.5)
     # Not a time: before 1970, or past what 64 bits of nanoseconds hold. The span is kept.
     assert (second.start_s, second.end_s) == (None, None) and got.bad_times == 2
+
+
+def _pb(span_id: bytes, parent: bytes) -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    req = ExportTraceServiceRequest()
+    span = req.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.parent_span_id, span.name = bytes.fromhex(TRACE), span_id, parent, "s"
+    return req.SerializeToString()
+
+
+def test_an_all_zero_span_id_is_no_id_and_an_all_zero_parent_is_no_parent() -> None:
+    # OpenTelemetry: an id of all zeros is invalid. Such a span is rejected alone (partial
+    # success); a parent of all zeros is a root, in protobuf and in JSON alike.
+    from tripwire.spans.otlp import decode_protobuf
+
+    zeros = "0" * 16
+    for got in (
+        decode_json(_request([_tool(spanId=zeros), _tool(spanId="eee19b7ec3c1b175", parentSpanId=zeros)])),
+        decode_json(_request([_tool(spanId=zeros.upper()), _tool(spanId="eee19b7ec3c1b175", parentSpanId=zeros)])),
+    ):
+        assert got.rejected == 1 and got.bad_ids == 1
+        (kept,) = got.views
+        assert kept.span_id == "eee19b7ec3c1b175" and kept.parent_span_id is None
+    bad = decode_protobuf(_pb(bytes(8), bytes.fromhex(ROOT)))
+    assert (bad.rejected, bad.bad_ids, bad.views) == (1, 1, [])
+    root = decode_protobuf(_pb(bytes.fromhex(ROOT), bytes(8)))
+    assert root.rejected == 0 and root.views[0].parent_span_id is None

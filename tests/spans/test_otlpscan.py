@@ -88,7 +88,7 @@ def reference(data: bytes) -> Any:
         for ss in rs.scope_spans:
             scope = (ss.scope.name or None) if ss.HasField("scope") else None
             for sp in ss.spans:
-                if len(sp.trace_id) != 16 or sp.trace_id == bytes(16) or len(sp.span_id) not in (0, 8):
+                if len(sp.trace_id) != 16 or sp.trace_id == bytes(16) or len(sp.span_id) not in (0, 8) or sp.span_id == bytes(8):
                     out.append(_wire.BAD_IDS)
                     continue
                 failed = sp.status.code == 2

@@ -879,12 +879,16 @@ static int span_item(P *s, void *ctx) {
     if (!sp.trace_id.set || sp.trace_id.lo == sp.trace_id.hi) goto done; /* missing: counted */
     if ((tid = hex_id(sp.trace_id, 16, &zero)) == NULL || zero) goto fail;
     if (sp.span_id.set && sp.span_id.lo != sp.span_id.hi) {
-        if ((sid = hex_id(sp.span_id, 8, NULL)) == NULL) goto fail;
+        if ((sid = hex_id(sp.span_id, 8, &zero)) == NULL || zero) goto fail;
     } else if ((sid = PyUnicode_FromStringAndSize("", 0)) == NULL) {
         goto pyerr;
     }
     if (sp.parent.set && sp.parent.lo != sp.parent.hi) {
-        if ((parent = hex_id(sp.parent, 8, NULL)) == NULL) goto fail;
+        if ((parent = hex_id(sp.parent, 8, &zero)) == NULL) goto fail;
+        if (zero) { /* all zeros: no parent (a root), as in protobuf */
+            Py_DECREF(parent);
+            parent = Py_NewRef(Py_None);
+        }
     } else {
         parent = Py_NewRef(Py_None);
     }

@@ -397,7 +397,7 @@ static PyObject *span(ptr p, ptr end, Ctx *c, PyObject *resource, PyObject *scop
         }
     }
     Py_ssize_t sn = sid.hi - sid.lo;
-    if (!tid.set || tid.hi - tid.lo != 16 || zeros(tid) || (sn != 0 && sn != 8)) {
+    if (!tid.set || tid.hi - tid.lo != 16 || zeros(tid) || (sn != 0 && sn != 8) || (sn == 8 && zeros(sid))) {
         Py_DECREF(attrs);
         return PyUnicode_FromString(BAD_IDS);
     }

@@ -17,7 +17,8 @@ random and broken requests, and against ``opentelemetry-proto`` on valid ones):
 - the same inside one span rejects that span alone: its entry is the reason (a ``str``)
   instead of a tuple;
 - a span whose trace id is not 16 bytes (or all zeros), or whose span id is neither empty nor
-  8 bytes, is rejected the same way (:data:`BAD_IDS`);
+  8 bytes (or is all zeros: OpenTelemetry's invalid id), is rejected the same way
+  (:data:`BAD_IDS`);
 - a known field sent with another wire type is skipped like an unknown field; a singular field
   sent twice keeps its last value (a resource's attributes add up, as protobuf merges them);
 - strings are decoded (UTF-8, strictly) only when returned: a skipped attribute is never read;
@@ -365,7 +366,7 @@ def _span(
             i += 8
         else:
             i = _skip(b, wt, i, end)
-    if not has_tid or len(tid) != 16 or tid == _ZERO16 or len(sid) not in (0, 8):
+    if not has_tid or len(tid) != 16 or tid == _ZERO16 or len(sid) not in (0, 8) or sid == _ZERO8:
         return BAD_IDS
     text = _text(b, name[0], name[1])
     failed = (code & 0xFFFFFFFF) == 2

@@ -417,6 +417,7 @@ def _exception_type(events: list[_Event] | None) -> str | None:
 
 
 _ZERO_TRACE: Final = "0" * 32
+_ZERO_SPAN: Final = "0" * 16
 _NO_ID: Final[Any] = object()
 _BAD_JSON_ID_MESSAGE: Final = "a span has an invalid traceId or spanId"
 _MISSING_ID_MESSAGE: Final = "a span has no traceId"
@@ -451,7 +452,7 @@ def _json_views(groups: Iterable[_Group], out: Decoded) -> None:
             if trace_id is _NO_ID:
                 trace_id = trace_ids[text] = _id(text, 16)
             span_id = _id(sp.span_id, 8) if sp.span_id else ""
-            if trace_id is None or span_id is None or trace_id == _ZERO_TRACE:
+            if trace_id is None or span_id is None or trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
                 out.bad_ids += 1
                 out.reject(_BAD_JSON_ID_MESSAGE)
                 continue
@@ -459,7 +460,10 @@ def _json_views(groups: Iterable[_Group], out: Decoded) -> None:
             if text:
                 parent = parent_ids.get(text, _NO_ID)
                 if parent is _NO_ID:
-                    parent = parent_ids[text] = _id(text, 8)
+                    parent = _id(text, 8)
+                    if parent == _ZERO_SPAN:  # all zeros: no parent (a root), as in protobuf
+                        parent = None
+                    parent_ids[text] = parent
             else:
                 parent = None
             start = sp.start_time_unix_nano
