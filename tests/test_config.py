@@ -292,3 +292,23 @@ def test_the_limits_file_calibrate_writes_loads_back(tmp_path: Path) -> None:
     path.write_text(limits_file_text(StepLineGroup(group="support", line=line)))
     limits = load_config({"config": path}, env={}).limits
     assert limits is not None and limits.max_tool_calls == line.max_tool_calls
+
+
+def test_docs_config_gives_each_settings_range_as_the_loader_checks_it() -> None:
+    # The table said "from 1 to 2**28" for window while the policy refused anything over 10,000.
+    from tripwire.config import SERVE_SETTINGS, SETTINGS
+
+    rows = {
+        row.split("|")[2].strip(): row
+        for row in (Path(__file__).resolve().parent.parent / "docs" / "config.md").read_text().splitlines()
+        if row.startswith("| `TRIPWIRE_")
+    }
+    checked = 0
+    for setting in [*SETTINGS.values(), *SERVE_SETTINGS.values()]:
+        section = getattr(setting, "section", "serve")
+        row = rows.get(f"`{section}.{setting.name}`")
+        if row is None or setting.kind not in ("int", "float"):
+            continue
+        assert setting.expected() in row, (setting.name, setting.expected(), row)
+        checked += 1
+    assert checked >= 25

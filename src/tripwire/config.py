@@ -58,7 +58,16 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from tripwire.core.budget import Levels, Limits
-from tripwire.core.policy import PRESETS, KeyMode, LoopPolicy, Poll, ResultEvidence, RetryPolicy
+from tripwire.core.policy import MAX_COUNT as POLICY_MAX_COUNT
+from tripwire.core.policy import (
+    MAX_WINDOW,
+    PRESETS,
+    KeyMode,
+    LoopPolicy,
+    Poll,
+    ResultEvidence,
+    RetryPolicy,
+)
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
 from tripwire.errors import ConfigError
 
@@ -218,7 +227,7 @@ class Setting:
 def _number(n: float) -> str:
     if n == int(n) and int(n).bit_count() == 1 and n >= 1 << 20:
         return f"2**{int(n).bit_length() - 1}"
-    return f"{n:g}"
+    return f"{int(n):,}" if n == int(n) and n >= 100_000 else f"{n:g}"
 
 
 def _short(value: Any) -> Any:
@@ -231,7 +240,7 @@ def _short(value: Any) -> Any:
 
 
 def _int(name: str, section: str, minimum: int, help: str, *, off: bool = False,
-         maximum: float = MAX_COUNT) -> Setting:
+         maximum: float = POLICY_MAX_COUNT) -> Setting:
     return Setting(name=name, section=section, kind="int", minimum=minimum, maximum=maximum,
                    off=off, help=help)
 
@@ -243,7 +252,7 @@ def _num(name: str, section: str, help: str, *, maximum: float, off: bool = True
 _P, _L, _E = "policy", "limits", "engine"
 
 SETTINGS: Final[Mapping[str, Setting]] = MappingProxyType({s.name: s for s in (
-    _int("window", _P, 1, "calls the repetition rule looks back over"),
+    _int("window", _P, 1, "calls the repetition rule looks back over", maximum=MAX_WINDOW),
     _int("threshold", _P, 2, "identical calls within the window that trip the repetition rule"),
     Setting(name="key", section=_P, kind="choice", choices=tuple(k.value for k in KeyMode),
             help="what makes two calls the same: tool and arguments, or the tool name only"),
@@ -253,7 +262,7 @@ SETTINGS: Final[Mapping[str, Setting]] = MappingProxyType({s.name: s for s in (
     _int("same_result", _P, 2, "consecutive calls of one tool with one result that trip", off=True),
     _int("revisit", _P, 2, "consecutive calls repeating an earlier call and its result that trip",
          off=True),
-    _int("revisit_memory", _P, 1, "distinct earlier calls the revisit rule remembers"),
+    _int("revisit_memory", _P, 1, "distinct earlier calls the revisit rule remembers", maximum=MAX_WINDOW),
     Setting(name="revisit_share", section=_P, kind="share", off=True,
             help="share of the window of revisits that trips"),
     Setting(name="failure_share", section=_P, kind="share", off=True,
@@ -285,7 +294,8 @@ SETTINGS: Final[Mapping[str, Setting]] = MappingProxyType({s.name: s for s in (
     _int("max_no_progress_steps", _L, 1, "consecutive steps without progress", off=True,
          maximum=_MAX_BUDGET),
     _int("max_subagents", _L, 0, "sub-agents a run may start", off=True, maximum=_MAX_BUDGET),
-    _int("max_traces", _E, 1, "runs (traces) watched at once; the least recent is dropped"),
+    _int("max_traces", _E, 1, "runs (traces) watched at once; the least recent is dropped",
+         maximum=MAX_COUNT),
     _num("idle_ttl_s", _E, "seconds without a span before a run's state is dropped",
          maximum=_MAX_SECONDS, off=False),
 )})
