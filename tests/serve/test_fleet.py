@@ -283,3 +283,26 @@ def test_the_memory_of_ended_runs_is_bounded_in_count_and_in_time() -> None:
     assert fleet.process([_late_tool(1, tid=tids[0])], now=7.0).late_spans == 0
     fleet.process([], now=7.0 + 61)
     assert len(fleet._ended) == 0
+
+
+def test_a_run_that_went_quiet_and_comes_back_goes_on_counting_and_its_root_writes_its_end() -> None:
+    # Waiting for a person longer than the idle TTL is not the end of the run: when it comes
+    # back, its calls are numbered on (not from 1 again, over the first calls' rows) and its
+    # root span's end is the receipt, not the "went quiet" one.
+    fleet = Fleet(reorder_s=0, idle_ttl_s=300)
+    fleet.process([_tool(i, args={"q": i}, result=str(i)) for i in range(3)], now=1.0)
+    quiet = fleet.process([], now=302.0).ended_runs[0]
+    assert quiet.tool_calls == 3 and quiet.receipt is not None and quiet.receipt["end"] is None
+    back = fleet.process([_tool(i, args={"q": i}, result=str(i)) for i in range(3, 5)], now=900.0)
+    assert [c.call_index for c in back.routine.calls] == [4, 5]
+    (end,) = fleet.process([_root()], now=901.0).ended_runs
+    assert (end.agent, end.tool_calls, end.receipt is not None and end.receipt["reason"]) == ("looper", 5, "completed")
+
+
+def test_a_root_span_alone_after_the_run_went_quiet_writes_the_runs_real_end() -> None:
+    fleet = Fleet(reorder_s=0, idle_ttl_s=300)
+    fleet.process([_tool(0), _tool(1)], now=1.0)
+    assert fleet.process([], now=302.0).ended_runs[0].health == "uncertain"
+    (end,) = fleet.process([_root(error=True)], now=1000.0).ended_runs
+    assert (end.tool_calls, end.health) == (2, "failed")
+    assert fleet.process([_late_tool(9)], now=1001.0).late_spans == 1  # ended by its root now

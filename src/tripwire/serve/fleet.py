@@ -60,6 +60,10 @@ from tripwire.store.runs import MAX_CALLS_PER_RUN, MAX_RAW_CHARS, Batch, CallRow
 __all__ = ["Fleet", "Kill", "Outcome", "Transition"]
 
 _NO_LIMITS: Final = Limits()
+QUIET_KEPT_S: Final = 86_400.0
+"""How long the last row of a run that went quiet is kept, should the run come back."""
+QUIET_KEPT_MAX: Final = 10_000
+"""Rows of quiet runs kept at most (about 1 KB each), the oldest dropped first."""
 
 
 class Kill(msgspec.Struct, frozen=True, kw_only=True):
@@ -266,6 +270,11 @@ class Fleet:
         """Traces whose root span ended their run, with when: for ``idle_ttl_s``, at most
         ``max_traces`` of them (see :attr:`late_spans`)."""
         self.late_spans = 0
+        self._quiet: OrderedDict[str, tuple[RunRow, float]] = OrderedDict()
+        """Runs that ended by going quiet (no root span seen), with their last row and when: a
+        run that was only waiting (for a person, a long job) and comes back goes on counting
+        from that row, its calls numbered on, and its root span writes its real end. Kept for
+        :data:`QUIET_KEPT_S`, at most :data:`QUIET_KEPT_MAX`."""
         """Spans that came after their run's root span was judged (more than ``reorder_s``
         late: an exporter in another process that sends later), left out. The run's receipt
         stands as written; applied, such a span would start the run afresh, from zero, and its
@@ -541,7 +550,7 @@ class Fleet:
             return
         if rec.tool is None and rec.model is None and rec.outer is None:
             # A root span that maps to nothing: it only ends the run.
-            if rec.root and (tid in self._traces or tid in self._resume):
+            if rec.root and (tid in self._traces or tid in self._resume or tid in self._quiet):
                 if tid not in self._traces:
                     self._trace(tid, now, out)  # a run an earlier receiver left running
                 self._end(tid, now, out, idle=False, root=rec)
@@ -576,8 +585,11 @@ class Fleet:
         trace = traces.get(tid)
         if trace is None:
             trace = traces[tid] = _Trace(now)
-            if self._resume:
+            if self._resume or self._quiet:
                 row = self._resume.pop(tid, None)
+                quiet = self._quiet.pop(tid, None)
+                if quiet is not None:
+                    row = quiet[0]  # newer than a row an earlier receiver left
                 if row is not None:
                     _continue(trace, row)
             while len(traces) > self.max_traces:
@@ -815,6 +827,12 @@ class Fleet:
             self._resume.clear()  # the runs that did not come back within the idle TTL are over
         limit = now - self.idle_ttl_s
         self._forget_ended(limit)
+        quiet = self._quiet
+        while quiet:
+            tid, (_row, at) = next(iter(quiet.items()))
+            if at >= now - QUIET_KEPT_S:
+                break
+            del quiet[tid]
         traces = self._traces
         while traces:
             tid, trace = next(iter(traces.items()))
@@ -849,6 +867,12 @@ class Fleet:
         row.health = health
         if row.stop_reason is None:
             row.stop_reason = receipt.get("reason")
+        if idle and root is None:
+            quiet = self._quiet
+            quiet[tid] = (row, now)
+            quiet.move_to_end(tid)
+            if len(quiet) > QUIET_KEPT_MAX:
+                quiet.popitem(last=False)
         out.urgent.runs.append(row)
         if trace.timeline:
             out.urgent.calls.extend(trace.timeline)

@@ -98,8 +98,9 @@ class RedisFleet(Fleet):
             if start > first_mine:  # the log expired and began again: start afresh
                 start = 0
                 self._traces.pop(tid, None)
-            if start == 0:
-                self._ended.pop(tid, None)  # the whole log goes in: its root ends the run again
+            if start == 0:  # the whole log goes in: its root (or END) ends the run again
+                self._ended.pop(tid, None)
+                self._quiet.pop(tid, None)
             fetch = start < first_mine
             if fetch:
                 reads.lrange(LOG_PREFIX + tid, start, first_mine - 1)
@@ -156,6 +157,7 @@ class RedisFleet(Fleet):
                 continue  # none of it was logged: the usual path
             self._traces.pop(tid, None)
             self._ended.pop(tid, None)
+            self._quiet.pop(tid, None)
             self._apply_all(tid, [(tid, rec, None) for rec in decoded], now, out)
             self._remember(tid, len(logged))
             if fresh:
