@@ -63,7 +63,7 @@ _NO_LIMITS: Final = Limits()
 QUIET_KEPT_S: Final = 86_400.0
 """How long the last row of a run that went quiet is kept, should the run come back."""
 QUIET_KEPT_MAX: Final = 10_000
-"""Rows of quiet runs kept at most (about 1 KB each), the oldest dropped first."""
+"""Rows of quiet runs kept at most (under 1 KB each: no receipt), the oldest dropped first."""
 
 
 class Kill(msgspec.Struct, frozen=True, kw_only=True):
@@ -869,7 +869,7 @@ class Fleet:
             row.stop_reason = receipt.get("reason")
         if idle and root is None:
             quiet = self._quiet
-            quiet[tid] = (row, now)
+            quiet[tid] = (msgspec.structs.replace(row, receipt=None), now)  # the counters, not the receipt
             quiet.move_to_end(tid)
             if len(quiet) > QUIET_KEPT_MAX:
                 quiet.popitem(last=False)
