@@ -312,3 +312,17 @@ def test_docs_config_gives_each_settings_range_as_the_loader_checks_it() -> None
         assert setting.expected() in row, (setting.name, setting.expected(), row)
         checked += 1
     assert checked >= 25
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ({"version": 1, "preset": "strcit"}, "tripwire.toml: preset must be a preset name (one of ['default', 'seed']), got 'strcit'"),
+        ({"version": "1"}, "tripwire.toml: version must be a number, not a string: write version = 1 (without quotes)"),
+        ({"version": 2}, "tripwire.toml: file version 2 is not supported by this tripwire"),
+    ],
+)
+def test_a_files_preset_and_version_are_refused_naming_the_file(data: dict, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_file(data, "tripwire.toml")
+    assert str(info.value).startswith(says), str(info.value)

@@ -500,6 +500,9 @@ def _parse_file(data: Mapping[str, Any], source: str, *, policy_only: bool) -> _
     if isinstance(version, bool) or version not in FILE_VERSIONS:
         if version is None:
             message = f"{source}: the file needs a version key (version = 1)"
+        elif isinstance(version, str) and version.strip() in {str(v) for v in FILE_VERSIONS}:
+            message = (f"{source}: version must be a number, not a string: write "
+                       f"version = {version.strip()} (without quotes)")
         else:
             message = (f"{source}: file version {_short(version)!r} is not supported by this "
                        f"tripwire (supported: {list(FILE_VERSIONS)}); upgrade tripwire")
@@ -508,8 +511,10 @@ def _parse_file(data: Mapping[str, Any], source: str, *, policy_only: bool) -> _
     layer = _Layer()
     if "preset" in data:
         preset = data["preset"]
-        if not isinstance(preset, str):
-            raise ConfigError("preset", _short(preset), "a preset name")
+        if not isinstance(preset, str) or preset not in PRESETS:
+            expected = f"a preset name (one of {sorted(PRESETS)})"
+            raise ConfigError("preset", _short(preset), expected,
+                              message=f"{source}: preset must be {expected}, got {_short(preset)!r}")
         layer.preset = (preset, "preset")
 
     policy = _table("policy", data.get("policy", {}), source)

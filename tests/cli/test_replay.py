@@ -342,7 +342,7 @@ def test_a_gzip_bomb_is_a_bad_file_and_the_cap_can_be_raised(traces: Path) -> No
     raised = runner.invoke(app, ["replay", str(traces), "--json", "--max-file-size", "8M", *PINNED])
     assert "decompresses to more than" not in raised.stderr
     bad = runner.invoke(app, ["replay", str(traces), "--max-file-size", "lots"])
-    assert bad.exit_code == 2 and "--max-file-size" in bad.stderr
+    assert bad.exit_code == 2 and "--max-file-size (or TRIPWIRE_MAX_FILE_SIZE)" in bad.stderr
 
 
 def test_a_cap_far_above_the_memory_reads_files_and_standard_input_as_they_are(traces: Path) -> None:

@@ -152,10 +152,11 @@ PollingTools = Annotated[
         "result counts as progress; repeatable. The env var takes a space-separated list.",
     ),
 ]
+_SIZE_VARIABLE: Final = "TRIPWIRE_MAX_FILE_SIZE"
 MaxFileSize = Annotated[
     str | None,
     typer.Option(
-        "--max-file-size", envvar="TRIPWIRE_MAX_FILE_SIZE", metavar="SIZE", show_default=False,
+        "--max-file-size", envvar=_SIZE_VARIABLE, metavar="SIZE", show_default=False,
         help="The most one trace file may take, on disk and once decompressed (a gzip bomb "
         "stops there); a larger file is reported as a bad file. Bytes, or with K, M, G. "
         "Default: 1G.",
@@ -180,10 +181,10 @@ def parse_size(option: str, text: str | None) -> int:
 
     match = re.fullmatch(r"\s*([0-9]{1,15})\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
     if match is None:
-        abort_plain(f"{option} takes a size in bytes, or with K, M or G (512M, 2G); got {text[:40]!r}")
+        abort_plain(f"{option} (or {_SIZE_VARIABLE}) takes a size in bytes, or with K, M or G (512M, 2G); got {text[:40]!r}")
     number = int(match.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[match.group(2).lower()]
     if number < 1024:
-        abort_plain(f"{option} must be at least 1K, got {text!r}")
+        abort_plain(f"{option} (or {_SIZE_VARIABLE}) must be at least 1K, got {text[:40]!r}")
     return number
 
 
