@@ -115,6 +115,10 @@ def test_now_option_expires_a_routed_approval(tmp_path: Path) -> None:
     after = runner.invoke(app, ["explain", str(path), "--json", "--now", "100"])
     assert json.loads(before.stdout)["state"] == "waiting"
     assert json.loads(after.stdout)["state"] == "waiting_unrouted"
+    # A time that is no time: NaN is never past a deadline, so it said "waiting" for ever.
+    for bad in ("nan", "inf", "-inf"):
+        refused = runner.invoke(app, ["explain", str(path), "--json", "--now", bad])
+        assert refused.exit_code == 2 and "--now takes a finite time" in refused.output, bad
 
 
 def test_missing_file_exits_2_naming_it(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import sys
@@ -159,6 +160,8 @@ def explain(
     verified_complete, complete_unverified, false_complete, uncertain.
     Exit code 0 when the receipt was read (whatever the state), 2 when it could not be.
     """
+    if now is not None and not math.isfinite(now):
+        abort(f"--now takes a finite time in seconds on the receipt's clock; got {now}")
     receipt = _load(receipt_file)
     try:
         health = classify(receipt, now=now)
