@@ -99,7 +99,7 @@ def _opt(name: str, *, metavar: str | None = None, **extra: Any) -> Any:
     return typer.Option(
         setting.option, envvar=setting.env,
         metavar=metavar or ("|".join(setting.choices) if setting.choices else None)
-        or {"int": "INTEGER", "float": "NUMBER", "path": "FILE"}.get(setting.kind, "TEXT"),
+        or {"int": "N", "float": "NUMBER", "path": "FILE"}.get(setting.kind, "TEXT"),
         help=help_text + ".",
         show_default=str(shown) if shown is not None else False, **extra,
     )
@@ -109,8 +109,8 @@ def _opt(name: str, *, metavar: str | None = None, **extra: Any) -> Any:
 def serve(
     ctx: typer.Context,
     config_file: Annotated[str | None, typer.Option("--config", envvar="TRIPWIRE_CONFIG", metavar="FILE", help="A tripwire.toml: its [serve] section (host, port, store…), [limits], [policy], [digest], [engine]. Options and variables override it.", show_default=False)] = None,
-    host: Annotated[str | None, _opt("host")] = None,
-    port: Annotated[str | None, _opt("port")] = None,
+    host: Annotated[str | None, _opt("host", metavar="ADDRESS")] = None,
+    port: Annotated[str | None, _opt("port", metavar="PORT")] = None,
     store: Annotated[str | None, _opt("store", metavar="URL")] = None,
     redis_url: Annotated[str | None, _opt("redis_url", metavar="URL")] = None,
     state: Annotated[str | None, _opt("state")] = None,
@@ -120,8 +120,8 @@ def serve(
     max_tool_calls: Annotated[str | None, typer.Option(envvar="TRIPWIRE_MAX_TOOL_CALLS", metavar="N|off", help="Stop a run after this many tool calls (also [limits] max_tool_calls; every [limits] key applies).", show_default=False)] = None,
     max_steps: Annotated[str | None, typer.Option(envvar="TRIPWIRE_MAX_STEPS", metavar="N|off", help="Stop a run after this many model calls.", show_default=False)] = None,
     store_raw: Annotated[bool, _opt("store_raw")] = False,
-    reorder_ms: Annotated[str | None, _opt("reorder_ms")] = None,
-    max_body_mb: Annotated[str | None, _opt("max_body_mb")] = None,
+    reorder_ms: Annotated[str | None, _opt("reorder_ms", metavar="MS")] = None,
+    max_body_mb: Annotated[str | None, _opt("max_body_mb", metavar="MB")] = None,
     max_inflight: Annotated[str | None, _opt("max_inflight")] = None,
     max_buffered_spans: Annotated[str | None, _opt("max_buffered_spans")] = None,
     spool: Annotated[str | None, _opt("spool", metavar="DIR|off")] = None,
