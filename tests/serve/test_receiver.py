@@ -319,3 +319,28 @@ def test_a_span_sent_after_its_runs_root_leaves_the_ended_run_and_its_receipt_as
         after = httpx.get(f"{service.url}/api/runs/{tid}", headers=service.headers()).json()
         keys = ("agent", "tool_calls", "status", "updated_at", "receipt")
         assert {k: after[k] for k in keys} == {k: ended[k] for k in keys}
+
+
+def test_after_a_restart_the_runs_that_ended_lately_are_known_as_ended(sqlite_store: RunStore) -> None:
+    # The second receiver did not end these runs itself: it knows them from the store. A late
+    # span of the run its root ended is left out; the run that went quiet goes on from its row.
+    config = ServeConfig(tokens=(TOKEN,), reorder_s=0.0, flush_s=0.05, idle_ttl_s=2.0, spool_dir=None)
+    post = {"headers": _auth(PB), "timeout": 10}
+    quiet_first, quiet_second, quiet_root = loop_spans(2, agent="waiter")
+    finished_first, finished_late, finished_root = loop_spans(2, agent="fine")
+    quiet_id, finished_id = trace_id_of([quiet_root]), trace_id_of([finished_root])
+    with running_service(config, sqlite_store) as first:
+        assert httpx.post(f"{first.url}/v1/traces", content=protobuf_body([quiet_first]), **post).status_code == 200
+        _wait_run(first, quiet_id, status="ended")  # went quiet (2 s)
+        assert httpx.post(f"{first.url}/v1/traces", content=protobuf_body([finished_first, finished_root]), **post).status_code == 200
+        ended = _wait_run(first, finished_id, status="ended")
+    with running_service(config, sqlite_store) as second:
+        assert httpx.post(f"{second.url}/v1/traces", content=protobuf_body([finished_late]), **post).status_code == 200
+        assert httpx.post(f"{second.url}/v1/traces", content=protobuf_body([quiet_second, quiet_root]), **post).status_code == 200
+        back = _wait_run(second, quiet_id, tool_calls=2)
+        assert back["agent"] == "waiter" and back["receipt"]["reason"] == "completed"
+        assert [c["call_index"] for c in back["calls"]] == [1, 2]
+        text = httpx.get(f"{second.url}/metrics", headers=second.headers()).text
+        assert "tripwire_spans_late_total 1.0" in text
+        after = httpx.get(f"{second.url}/api/runs/{finished_id}", headers=second.headers()).json()
+        assert (after["tool_calls"], after["receipt"]) == (1, ended["receipt"])

@@ -57,7 +57,7 @@ from tripwire.core.reasons import StopReason, Verdict
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
 from tripwire.errors import ConfigError, InputError
 from tripwire.serve.alerts import Alerts, AlertTarget, Sender
-from tripwire.serve.fleet import Fleet, Kill, Outcome
+from tripwire.serve.fleet import QUIET_KEPT_MAX, QUIET_KEPT_S, Fleet, Kill, Outcome
 from tripwire.serve.killchannel import (
     ACTIONS,
     KillChannel,
@@ -221,6 +221,7 @@ class Service:
         written: dict[str, float] = {}
         if not self._writer_started and self._redis_requests is None:
             written = self._resume_runs()
+            self._remember_ended_runs()
         if self.spool is not None and not self._writer_started:
             self._replay(written)
         if not self._writer_started:
@@ -233,6 +234,26 @@ class Service:
             self._replay_pending(written)
         finally:
             self.fleet.replaying = False
+
+    def _remember_ended_runs(self) -> None:
+        """In-memory state: the runs that ended lately, before a restart, are known as ended
+        (see :meth:`Fleet.remember_ended`). A store that does not answer: they are not (logged
+        once)."""
+        now = self.clock()
+        rows: list[Any] = []
+        want = QUIET_KEPT_MAX + min(self.fleet.max_traces, 10 * MAX_PAGE)
+        try:
+            while len(rows) < want:
+                page, total = self.store.runs(status="ended", since=now - QUIET_KEPT_S, limit=MAX_PAGE, offset=len(rows))
+                rows += page
+                if not page or len(rows) >= total:
+                    break
+        except Exception as exc:  # the boundary of a start-up nicety: never fatal
+            self._log_once("ended:" + type(exc).__name__, "cannot read the runs that ended lately: %r", exc)
+            return
+        quiet, ended = self.fleet.remember_ended(rows, now)
+        if quiet or ended:
+            logger.info("%d runs that went quiet and %d that ended lately, before this start, are known", quiet, ended)
 
     def _resume_runs(self) -> dict[str, float]:
         """In-memory state: the runs the store says are still going (an earlier receiver's,

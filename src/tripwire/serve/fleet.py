@@ -305,6 +305,40 @@ class Fleet:
         self._resume_until = now + self.idle_ttl_s
         return len(kept)
 
+    def remember_ended(self, rows: Iterable[RunRow], now: float) -> tuple[int, int]:
+        """Take in the runs an earlier receiver ended, as if this one had ended them.
+
+        A receiver that restarted remembers no ended run: a late span of a run whose root span
+        ended before the restart would start it afresh, and a run that went quiet and comes
+        back would count from zero. From the store's rows (newest first): a run whose receipt
+        claims no end went quiet, and goes on from its row if it comes back within
+        :data:`QUIET_KEPT_S` (at most :data:`QUIET_KEPT_MAX`); any other run ended within
+        ``idle_ttl_s`` ended with its root span (or a stop), and its late spans are left out
+        (at most ``max_traces``). A run that was stopped and then went quiet counts as ended.
+        Returns how many of each were taken in: (quiet, ended).
+        """
+        quiet: list[tuple[float, str, RunRow]] = []
+        ended: list[tuple[float, str]] = []
+        for row in rows:
+            tid = row.trace_id
+            if row.status != "ended" or tid in self._traces or tid in self._quiet or tid in self._ended:
+                continue
+            claimed = row.receipt.get("end") if isinstance(row.receipt, dict) else None
+            if claimed is None:
+                if row.updated_at >= now - QUIET_KEPT_S and len(quiet) < QUIET_KEPT_MAX:
+                    quiet.append((row.updated_at, tid, msgspec.structs.replace(row, receipt=None)))
+            elif row.updated_at >= now - self.idle_ttl_s and len(ended) < self.max_traces:
+                ended.append((row.updated_at, tid))
+        for at, tid, kept in sorted(quiet, key=lambda q: q[0]):  # oldest first: dropped first
+            self._quiet[tid] = (kept, at)
+        for at, tid in sorted(ended):
+            self._ended[tid] = at
+        while len(self._quiet) > QUIET_KEPT_MAX:
+            self._quiet.popitem(last=False)
+        while len(self._ended) > self.max_traces:
+            self._ended.popitem(last=False)
+        return len(quiet), len(ended)
+
     replaying: bool = False
     """True while the receiver replays its write-ahead spool at start-up (records the
     Redis-state fleet's shared logs already hold are then not appended twice)."""
