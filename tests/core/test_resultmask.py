@@ -207,9 +207,74 @@ def test_result_digests_do_not_depend_on_the_leaf(monkeypatch: pytest.MonkeyPatc
     samples += [case * 20 for case, _ in CASES]  # long: their digits go
     keyed = Normalizer(key=b"k" * 16)
     with_leaf = [(DEFAULT_NORMALIZER.result_digest(s), keyed.result_digest(s)) for s in samples]
+    texts = [s.decode("utf-8", "surrogateescape") for s in samples] + ["No results.", '{"a": 1}', "x" * 300]
+    text_digests = [(Normalizer().result_digest(t), Normalizer(key=b"k" * 16).result_digest(t)) for t in texts]
     monkeypatch.setattr(signature_module, "_mask", None)
     monkeypatch.setattr(signature_module, "_strip_digits", None)
+    monkeypatch.setattr(signature_module, "_prepare", None)
     assert [(DEFAULT_NORMALIZER.result_digest(s), keyed.result_digest(s)) for s in samples] == with_leaf
+    assert [(Normalizer().result_digest(t), Normalizer(key=b"k" * 16).result_digest(t)) for t in texts] == text_digests
+
+
+# -- prepare: the compiled common path of a result text's digest ------------------------------------
+
+EMPTYISH = [
+    "No results.", "no matches found", "NO RESULTS", "0 items", "0 rows returned", "zero records", "Zero hits",
+    "Not found.", "not found!!", "File not found", "nothing found", "FOUND", "found it", "Found 3 results",
+    "0", "00 ound", "none", "null", "[]", "{}", '""', "''", "n", "no", "ok", "done", "nope, ound later",
+    '{"status": "ok"}', "[1, 2]", '"quoted"', "{not json", "x" * 150, "y" * 170, "z1" * 120,
+]
+result_texts = st.tuples(
+    st.sampled_from(["", "", " ", "\t\n", "\x0b", "\x0c "]),
+    st.one_of(
+        st.sampled_from(EMPTYISH),
+        pieces_text.map(lambda b: b.decode("utf-8", "surrogateescape")),
+        st.text(max_size=260),
+        st.text(alphabet=st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010), max_size=8),
+    ),
+    st.sampled_from(["", "", ".", "!", "!.", " ", "\n", "  \t"]),
+).map("".join)
+
+
+def _python_path(normalizer: Normalizer, text: str) -> str:
+    return normalizer._result_digest(text)
+
+
+@compiled
+@settings(max_examples=4000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=result_texts)
+def test_prepare_hashes_what_the_python_path_hashes_or_leaves_the_text_to_it(text: str) -> None:
+    assert _resultmask is not None
+    for normalizer in (DEFAULT_NORMALIZER, Normalizer(max_bytes=64)):
+        prepared = _resultmask.prepare(text, normalizer.max_bytes)
+        expected = _python_path(normalizer, text)
+        if prepared is not None:
+            assert normalizer._result_hash(prepared) == expected, (text, prepared)
+        assert Normalizer(max_bytes=normalizer.max_bytes).result_digest(text) == expected
+
+
+@compiled
+def test_prepare_takes_plain_text_and_leaves_what_may_say_found_nothing_or_hold_json() -> None:
+    assert _resultmask is not None
+    prepare = _resultmask.prepare
+    for taken in ("page about refund policy " * 4, "Found 3 results in 0.53s", "x" * 739, "  done.",
+                  "sh: line 7: x", "résumé 2026-12-01T10:00:00Z"):
+        assert prepare(taken, 4096) is not None, taken
+    for left in ("No results.", "  no matches found\n", "0 rows", "Not found.", "File not found!", "[]",
+                 '{"request_id": "x"}', ' ["a"]', '"s"', "abc", "\ud800 lone"):
+        assert prepare(left, 4096) is None, left
+    assert prepare('{"k": "' + "v" * 100 + '"}', 64) is not None  # above max_bytes: never parsed
+    # At the lengths where the path changes (the found-nothing test up to 160 bytes, the mask up
+    # to 200, digits stripped above), in ASCII and in two-byte characters.
+    for unit in ("a1 ", "é1 ", "0 items found "):
+        for n in range(150, 215):
+            text = (unit * 100)[:n]
+            expected = _python_path(DEFAULT_NORMALIZER, text)
+            prepared = prepare(text, 4096)
+            if prepared is not None:
+                assert DEFAULT_NORMALIZER._result_hash(prepared) == expected, (unit, n)
+    with pytest.raises(TypeError):
+        prepare(b"bytes", 4096)  # type: ignore[arg-type]
 
 
 # -- strip_digits: the digits a long result loses ---------------------------------------------------
@@ -270,3 +335,16 @@ def test_the_twin_and_the_leaf_agree_with_the_reference_on_the_corpus() -> None:
             got = leaf(payload)
             assert got == expected or (got is None and len(payload) > 4096), payload[:200]
             assert _resultmask.strip_digits(payload) == payload.translate(None, b"0123456789")
+
+
+@compiled
+def test_prepare_hashes_what_the_python_path_hashes_for_every_result_of_the_corpus() -> None:
+    assert _resultmask is not None
+    taken = 0
+    for raw in corpus_results():
+        text = raw.decode("utf-8", "surrogatepass")
+        prepared = _resultmask.prepare(text, DEFAULT_NORMALIZER.max_bytes)
+        if prepared is not None:
+            taken += 1
+            assert DEFAULT_NORMALIZER._result_hash(prepared) == _python_path(DEFAULT_NORMALIZER, text), text[:80]
+    assert taken > 0

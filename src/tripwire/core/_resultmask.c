@@ -10,6 +10,10 @@
  *   results of at most 200 bytes).
  * - strip_digits(payload) -> bytes: exactly payload.translate(None, b"0123456789"), the digits a
  *   long result loses, in one branch-free pass (translate tests a deletion table per byte).
+ * - prepare(text, max_bytes) -> bytes | None: the bytes Normalizer.result_digest hashes for a
+ *   result text, on its common path (text that holds no JSON document it would parse and is no
+ *   candidate for a "found nothing" message): the first two, chosen as result_digest chooses,
+ *   without the Python steps around them. None hands the text to result_digest's own path.
  *
  * Each alternative of the two lists is written out below, in the pattern's order, as the
  * regex engine tries it: leftmost-first alternation, greedy quantifiers that give back one
@@ -508,18 +512,13 @@ word_match(const Text *t, Py_ssize_t p)
     return -1;
 }
 
+/* The mask of the n bytes at s, as new bytes; `self` (a bytes object holding them) is returned
+ * as it is when nothing matched, or NULL there: then new bytes are made. n <= MAX_PAYLOAD. */
 static PyObject *
-mask(PyObject *module, PyObject *arg)
+mask_bytes(const unsigned char *s, Py_ssize_t n, PyObject *self)
 {
-    (void)module;
-    if (!PyBytes_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "mask(payload): payload must be bytes");
-        return NULL;
-    }
-    Text text = {(const unsigned char *)PyBytes_AS_STRING(arg), PyBytes_GET_SIZE(arg)};
+    Text text = {s, n};
     const Text *t = &text;
-    if (t->n > MAX_PAYLOAD)
-        Py_RETURN_NONE;
     /* A match is at least one byte and becomes two: the output is at most twice the input. */
     char out[2 * MAX_PAYLOAD];
     Py_ssize_t o = 0, p = 0, copied = 0;
@@ -543,26 +542,37 @@ mask(PyObject *module, PyObject *arg)
         matched = 1;
     }
     if (!matched) {
-        Py_INCREF(arg);
-        return arg;
+        if (self != NULL) {
+            Py_INCREF(self);
+            return self;
+        }
+        return PyBytes_FromStringAndSize((const char *)s, n);
     }
     memcpy(out + o, t->s + copied, (size_t)(t->n - copied));
     o += t->n - copied;
     return PyBytes_FromStringAndSize(out, o);
 }
 
-/* ---- strip_digits ---------------------------------------------------------------------------- */
-
 static PyObject *
-strip_digits(PyObject *module, PyObject *arg)
+mask(PyObject *module, PyObject *arg)
 {
     (void)module;
     if (!PyBytes_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "strip_digits(payload): payload must be bytes");
+        PyErr_SetString(PyExc_TypeError, "mask(payload): payload must be bytes");
         return NULL;
     }
-    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(arg);
     Py_ssize_t n = PyBytes_GET_SIZE(arg);
+    if (n > MAX_PAYLOAD)
+        Py_RETURN_NONE;
+    return mask_bytes((const unsigned char *)PyBytes_AS_STRING(arg), n, arg);
+}
+
+/* ---- strip_digits ---------------------------------------------------------------------------- */
+
+/* The n bytes at s without their ASCII digits, as new bytes. */
+static PyObject *
+strip_bytes(const unsigned char *s, Py_ssize_t n)
+{
     PyObject *out = PyBytes_FromStringAndSize(NULL, n);
     if (out == NULL)
         return NULL;
@@ -598,6 +608,101 @@ strip_digits(PyObject *module, PyObject *arg)
     return out;
 }
 
+static PyObject *
+strip_digits(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "strip_digits(payload): payload must be bytes");
+        return NULL;
+    }
+    return strip_bytes((const unsigned char *)PyBytes_AS_STRING(arg), PyBytes_GET_SIZE(arg));
+}
+
+/* ---- prepare --------------------------------------------------------------------------------- */
+
+#define SHORT 200     /* signature._SHORT: longer results lose every digit */
+#define EMPTY_MAX 160 /* signature._EMPTY_MAX: only results this short can say "found nothing" */
+
+static inline int
+lower(int c)
+{
+    return c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c;
+}
+
+/* What Normalizer.result_digest hashes for the result text `text`, when the text takes the
+ * common path: no JSON document it might parse (an object, an array or a string within
+ * max_bytes), and no candidate for a "found nothing" message (which its regex decides). None
+ * otherwise, and for text that is not valid UTF-8 (lone surrogates): the Python path answers. */
+static PyObject *
+prepare(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "prepare(text: str, max_bytes: int)");
+        return NULL;
+    }
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[1]);
+    if (max_bytes == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(args[0], &n);
+    if (utf8 == NULL) {
+        PyErr_Clear(); /* a lone surrogate: encoded with surrogatepass by the Python path */
+        Py_RETURN_NONE;
+    }
+    const unsigned char *s = (const unsigned char *)utf8;
+    /* The opener: the first byte, or the first after ASCII whitespace (bytes.lstrip()). */
+    Py_ssize_t i = 0;
+    while (i < n && (cls[s[i]] & SP))
+        i++;
+    if (i < n && (s[i] == '{' || s[i] == '[' || s[i] == '"') && n <= max_bytes)
+        Py_RETURN_NONE;
+    if (n > SHORT)
+        return strip_bytes(s, n);
+    if (n <= EMPTY_MAX) {
+        /* bare = payload.strip(); the cheap test of result_digest before its regex */
+        Py_ssize_t lo = i, hi = n;
+        while (hi > lo && (cls[s[hi - 1]] & SP))
+            hi--;
+        Py_ssize_t m = hi - lo;
+        const unsigned char *b = s + lo;
+        int maybe = m <= 4;
+        if (!maybe && m >= 2) {
+            int c0 = lower(b[0]), c1 = lower(b[1]);
+            maybe = (c0 == 'n' && c1 == 'o') || (b[0] == '0' && b[1] == ' ') || (c0 == 'z' && c1 == 'e');
+        }
+        if (!maybe) {
+            int zero = m >= 1 && b[0] == '0';
+            int found = 0;
+            if (!zero) {
+                /* bare[-6:].lower().rstrip(b".!").endswith(b"found") */
+                Py_ssize_t t0 = m > 6 ? m - 6 : 0, t1 = m;
+                while (t1 > t0 && (b[t1 - 1] == '.' || b[t1 - 1] == '!'))
+                    t1--;
+                static const char word[] = "found";
+                if (t1 - t0 >= 5) {
+                    found = 1;
+                    for (int k = 0; k < 5; k++)
+                        if (lower(b[t1 - 5 + k]) != word[k])
+                            found = 0;
+                }
+            }
+            if (zero || found) {
+                /* and b"ound" in bare */
+                for (Py_ssize_t k = 0; k + 4 <= m; k++)
+                    if (b[k] == 'o' && b[k + 1] == 'u' && b[k + 2] == 'n' && b[k + 3] == 'd') {
+                        maybe = 1;
+                        break;
+                    }
+            }
+        }
+        if (maybe)
+            Py_RETURN_NONE;
+    }
+    return mask_bytes(s, n, NULL);
+}
+
 /* ---- module ---------------------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -607,6 +712,9 @@ static PyMethodDef module_methods[] = {
     {"strip_digits", (PyCFunction)strip_digits, METH_O,
      "strip_digits(payload) -> bytes: payload without its ASCII digits "
      "(payload.translate(None, b'0123456789'))."},
+    {"prepare", (PyCFunction)(void (*)(void))prepare, METH_FASTCALL,
+     "prepare(text, max_bytes) -> bytes | None: what a result digest hashes for the result text, "
+     "on its common path (None: the Python path answers)."},
     {NULL, NULL, 0, NULL},
 };
 

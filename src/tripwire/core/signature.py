@@ -355,6 +355,10 @@ _mask: Final = getattr(resultmask(), "mask", None)
 """The compiled twin of :func:`_mask_volatile` (``None`` without the accelerator): ``payload ->
 bytes``, in one pass over the payload, or ``None`` for a payload above 4 KiB, which it leaves to
 the twin (see ``_resultmask.c``)."""
+_prepare: Final = getattr(resultmask(), "prepare", None)
+"""The compiled common path of :meth:`Normalizer.result_digest` for a result text (``None``
+without the accelerator): ``(text, max_bytes) -> bytes`` to hash, or ``None`` when the text may
+hold a JSON document or say "found nothing" (then the Python path below answers)."""
 _strip_digits: Final = getattr(resultmask(), "strip_digits", None)
 """The compiled twin of ``payload.translate(None, _DIGITS)`` (``None`` without the accelerator):
 about a quarter of its instructions per byte of a long result."""
@@ -510,6 +514,9 @@ class Normalizer:
     _text_signatures: dict[tuple[str, str], Signature] = field(init=False, compare=False, repr=False)
     """The signatures of recent argument texts, by (tool, text): an agent that repeats a call
     sends the same text again (see :data:`_TEXT_CACHE_MAX`)."""
+    _result_digests: dict[str, str] = field(init=False, compare=False, repr=False)
+    """The digests of recent short result texts that the compiled path leaves to Python (at
+    most :data:`_TEXT_CACHE_MAX` texts of at most :data:`_EMPTY_MAX` characters)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.volatile_keys, frozenset):
@@ -559,6 +566,7 @@ class Normalizer:
         object.__setattr__(self, "_escapes_b", tuple(e.encode() for e in escapes))
         object.__setattr__(self, "_volatile_order", tuple(sorted(self.volatile_keys)))
         object.__setattr__(self, "_text_signatures", {})
+        object.__setattr__(self, "_result_digests", {})
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt from its fields: the derived ones (the keyed hash is a closure) are not pickled.
@@ -864,6 +872,25 @@ class Normalizer:
 
         32 hex characters of XXH3-128, seeded apart from argument digests.
         """
+        if type(value) is str and _prepare is not None:
+            prepared = _prepare(value, self.max_bytes)
+            if prepared is not None:
+                return self._result_hash(prepared)
+            if len(value) <= _EMPTY_MAX:
+                # A short text the compiled path left here ("No results.", a small JSON
+                # document): what a loop gets again and again. Its digest is remembered.
+                cache = self._result_digests
+                digest = cache.get(value)
+                if digest is None:
+                    digest = self._result_digest(value)
+                    if len(cache) >= _TEXT_CACHE_MAX:
+                        cache.clear()  # a pure cache: bounded, and correct when emptied
+                    cache[value] = digest
+                return digest
+        return self._result_digest(value)
+
+    def _result_digest(self, value: Any) -> str:
+        """:meth:`result_digest` by its Python path, uncached."""
         if value is ABSENT or value is None:
             return EMPTY_RESULT
         if isinstance(value, (str, bytes, bytearray, memoryview)):
