@@ -455,7 +455,7 @@ class Fleet:
             if isinstance(event, ToolCall):
                 sig = signature(event.tool, event.arguments)
                 rec.tool = event  # arguments and all: see Rec.tool
-                rec.key = f"{sig.key:032x}"
+                rec.key = sig.key.to_bytes(16, "big").hex()  # f"{:032x}", in half the time
                 rec.args_kind = sig.kind._value_
                 if store_raw:
                     rec.raw = _raw(event.arguments)
