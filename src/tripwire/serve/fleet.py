@@ -270,15 +270,15 @@ class Fleet:
         """Traces whose root span ended their run, with when: for ``idle_ttl_s``, at most
         ``max_traces`` of them (see :attr:`late_spans`)."""
         self.late_spans = 0
+        """Spans that came after their run's root span was judged (more than ``reorder_s``
+        late: an exporter in another process that sends later), left out. The run's receipt
+        stands as written; applied, such a span would start the run afresh, from zero, and its
+        end would write over the receipt a half-run's."""
         self._quiet: OrderedDict[str, tuple[RunRow, float]] = OrderedDict()
         """Runs that ended by going quiet (no root span seen), with their last row and when: a
         run that was only waiting (for a person, a long job) and comes back goes on counting
         from that row, its calls numbered on, and its root span writes its real end. Kept for
         :data:`QUIET_KEPT_S`, at most :data:`QUIET_KEPT_MAX`."""
-        """Spans that came after their run's root span was judged (more than ``reorder_s``
-        late: an exporter in another process that sends later), left out. The run's receipt
-        stands as written; applied, such a span would start the run afresh, from zero, and its
-        end would write over the receipt a half-run's."""
 
     def resuming(self, trace_id: str) -> bool:
         """Whether ``trace_id`` will go on from a row given to :meth:`resume`."""
