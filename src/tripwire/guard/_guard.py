@@ -394,7 +394,7 @@ class Guard:
                     if nudge is not None:
                         if refusable:
                             return nudge
-                        soft = soft or nudge
+                        soft = soft if soft is not None else nudge
                 if self._dup_cap is not None and self._dups.get(sig.key, 0) >= self._dup_cap:
                     stop = check_duplicates(self.limits, self._dups, ((tool, sig.key),))
                     assert stop is not None
