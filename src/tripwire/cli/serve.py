@@ -55,7 +55,7 @@ def _check_listen(host: str, port: int) -> None:
     except (socket.gaierror, UnicodeError) as exc:
         abort(f"host {host}: not an address this machine can listen on ({exc})")
     try:
-        with socket.create_server(address[:2], family=family):
+        with socket.create_server(address, family=family):
             pass
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
@@ -242,7 +242,7 @@ def serve(
         abort(f"redis_url {redis}: Redis does not answer")
     host_, port_ = settings["host"], settings["port"]
     err_console.print(
-        f"tripwire serve on http://{host_}:{port_} (OTLP: POST /v1/traces; store: "
+        f"tripwire serve on http://{f'[{host_}]' if ':' in host_ else host_}:{port_} (OTLP: POST /v1/traces; store: "
         f"{run_store.dialect}; kill channel: {'redis' if redis else 'store'})",
         highlight=False,
         soft_wrap=True,
