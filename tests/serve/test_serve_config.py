@@ -151,6 +151,13 @@ def test_help_shows_each_variable_once() -> None:
                 assert shown == 1, (name, envvar, shown)
 
 
+def test_serve_help_says_what_each_option_takes() -> None:
+    text = " ".join(runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "400"}).output.split())
+    for shown in ("--host ADDRESS", "--port PORT", "--reorder-ms MS", "--max-body-mb MB", "--max-inflight N", "--store URL"):
+        assert shown in text, shown
+    assert "INTEGER" not in text and " TEXT " not in text
+
+
 def test_a_port_in_use_is_refused_by_name_before_anything_is_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
 
