@@ -442,7 +442,19 @@ class Fleet:
                         service = name[:200]
             exception_type = view.exception_type
             exception_type = exception_type[:100] if exception_type else None
-            rec = Rec(
+            sig: Signature | None = None
+            tool: ToolCall | None = None
+            key: str | None = None
+            kind: str | None = None
+            raw: str | None = None
+            if isinstance(event, ToolCall):
+                tool = event  # arguments and all: see Rec.tool
+                sig = signature(event.tool, event.arguments)
+                key = sig.key.to_bytes(16, "big").hex()  # f"{:032x}", in half the time
+                kind = sig.kind._value_
+                if store_raw:
+                    raw = _raw(event.arguments)
+            rec = Rec(  # the call's fields in the one call: a third less than setting them after
                 root=root,
                 start=view.start_s,
                 end=view.end_s,
@@ -450,16 +462,12 @@ class Fleet:
                 exception_type=exception_type,
                 service=service,
                 span=view.span_id or None,
+                tool=tool,
+                key=key,
+                args_kind=kind,
+                raw=raw,
             )
-            sig: Signature | None = None
-            if isinstance(event, ToolCall):
-                sig = signature(event.tool, event.arguments)
-                rec.tool = event  # arguments and all: see Rec.tool
-                rec.key = sig.key.to_bytes(16, "big").hex()  # f"{:032x}", in half the time
-                rec.args_kind = sig.kind._value_
-                if store_raw:
-                    rec.raw = _raw(event.arguments)
-            elif isinstance(event, ModelCall):
+            if isinstance(event, ModelCall):
                 rec.model = event
             elif isinstance(event, RunBoundary):
                 rec.agent = event.agent[:200] if event.agent else None
