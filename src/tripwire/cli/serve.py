@@ -50,8 +50,11 @@ class _JsonFormatter(logging.Formatter):
 def _check_listen(host: str, port: int) -> None:
     """Abort (exit 2) unless the service can listen on ``host:port``, before anything is opened
     (uvicorn's own failure is a log line and exit 3, after the start banner)."""
+    # The family uvicorn binds with: IPv6 for an address with a colon, else IPv4 ("localhost"
+    # is 127.0.0.1 to it, whatever the resolver lists first).
+    wanted = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        family, _, _, _, address = socket.getaddrinfo(host, port, wanted, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)[0]
     except (socket.gaierror, UnicodeError) as exc:
         abort(f"host {host}: not an address this machine can listen on ({exc})")
     try:
