@@ -14,6 +14,10 @@ Prints, in one run, spans per second for:
    and the Redis-state figure. Each also as the server's CPU time per span, which a busy
    machine changes less than the rate.
 
+Both sides run with the garbage collector as ``tripwire serve`` sets it
+(``tripwire.serve.tune_gc``): start-up frozen, the youngest generation collected every 50,000
+allocations.
+
 Every load loop is bounded in count and time, and sends only to 127.0.0.1.
 
 Run: ``python bench/bench_serve.py [--batches 40] [--http-seconds 5] [--no-http]``.
@@ -242,7 +246,10 @@ def _plain_server(port: int) -> None:
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    from tripwire.serve import tune_gc
+
     app = Starlette(routes=[Route("/v1/traces", traces, methods=["POST"]), Route("/healthz", healthz)])
+    tune_gc()  # the settings tripwire serve runs with: the same for the baseline
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
@@ -290,6 +297,10 @@ def main() -> None:
     json_reader = "the compiled fast path" if _JSON_SCAN is not None else "msgspec"
     print(f"protobuf scanner: {scan.__module__}.{scan.__name__} (protobuf backend: {protobuf_backend()}); "
           f"JSON: {json_reader}; {args.batches} requests of 512 GenAI tool spans, 64 traces each")
+    from tripwire.serve import GC_YOUNG, tune_gc
+
+    tune_gc()  # the garbage collector as tripwire serve sets it, for both sides of the rows below
+    print(f"garbage collector as in tripwire serve: start-up frozen, youngest generation every {GC_YOUNG:,} allocations")
     print(f"{'case':44} {'plain (decode)':>16} {'tripwire':>12} {'target':>9}")
     for label, kind, data, target in (
         ("protobuf: decode + detection, no HTTP", "application/x-protobuf", bodies, TARGET_PB),

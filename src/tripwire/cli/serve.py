@@ -162,7 +162,7 @@ def serve(
         import uvicorn
 
         from tripwire.core.budget import Limits
-        from tripwire.serve import ServeConfig, create_app
+        from tripwire.serve import ServeConfig, create_app, tune_gc
         from tripwire.serve.alerts import AlertTarget
         from tripwire.serve.otlp import protobuf_backend
         from tripwire.store.runs import RunStore
@@ -250,8 +250,10 @@ def serve(
         highlight=False,
         soft_wrap=True,
     )
+    app_ = create_app(config, service=service)
+    tune_gc()
     uvicorn.run(
-        create_app(config, service=service),
+        app_,
         host=host_,
         port=port_,
         log_level="warning",

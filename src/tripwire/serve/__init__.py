@@ -10,6 +10,6 @@ Needs the ``serve`` extra: ``pip install 'tripwire[serve]'``.
 
 from __future__ import annotations
 
-from tripwire.serve.app import ServeConfig, Service, create_app
+from tripwire.serve.app import GC_YOUNG, ServeConfig, Service, create_app, tune_gc
 
-__all__ = ["ServeConfig", "Service", "create_app"]
+__all__ = ["GC_YOUNG", "ServeConfig", "Service", "create_app", "tune_gc"]
