@@ -255,19 +255,27 @@ class Service:
         finally:
             self.fleet.replaying = False
 
+    def _read_runs(self, at_most: int, **filters: Any) -> list[RunRow]:
+        """Up to about ``at_most`` rows of the store's runs matching ``filters``, newest first,
+        a page at a time (start-up reads; the store's errors propagate)."""
+        rows: list[RunRow] = []
+        while len(rows) < at_most:
+            page, total = self.store.runs(**filters, limit=MAX_PAGE, offset=len(rows))
+            rows += page
+            if not page or len(rows) >= total:
+                break
+        return rows
+
     def _remember_ended_runs(self) -> None:
         """In-memory state: the runs that ended lately, before a restart, are known as ended
         (see :meth:`Fleet.remember_ended`). A store that does not answer: they are not (logged
         once)."""
         now = self.clock()
-        rows: list[Any] = []
-        want = QUIET_KEPT_MAX + min(self.fleet.max_traces, 10 * MAX_PAGE)
         try:
-            while len(rows) < want:
-                page, total = self.store.runs(status="ended", since=now - QUIET_KEPT_S, limit=MAX_PAGE, offset=len(rows))
-                rows += page
-                if not page or len(rows) >= total:
-                    break
+            rows = self._read_runs(
+                QUIET_KEPT_MAX + min(self.fleet.max_traces, 10 * MAX_PAGE),
+                status="ended", since=now - QUIET_KEPT_S,
+            )
         except Exception as exc:  # the boundary of a start-up nicety: never fatal
             self._log_once("ended:" + type(exc).__name__, "cannot read the runs that ended lately: %r", exc)
             return
@@ -281,15 +289,8 @@ class Service:
         :meth:`Fleet.resume`). Returns, per run, until when its row holds what the spool says
         (requests accepted up to then: the spool replay leaves their spans of the run out).
         A store that does not answer: the runs start afresh, as before (logged once)."""
-        rows: list[Any] = []
-        offset = 0
         try:
-            while len(rows) < self.fleet.max_traces:
-                page, total = self.store.runs(status="running", limit=MAX_PAGE, offset=offset)
-                offset += len(page)
-                rows += page
-                if not page or offset >= total:
-                    break
+            rows = self._read_runs(self.fleet.max_traces, status="running")
         except Exception as exc:  # the boundary of a start-up nicety: never fatal
             self._log_once("resume:" + type(exc).__name__, "cannot read the runs still going: %r", exc)
             return {}

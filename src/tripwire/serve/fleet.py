@@ -25,7 +25,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -64,6 +64,35 @@ QUIET_KEPT_S: Final = 86_400.0
 """How long the last row of a run that went quiet is kept, should the run come back."""
 QUIET_KEPT_MAX: Final = 10_000
 """Rows of quiet runs kept at most (under 1 KB each: no receipt), the oldest dropped first."""
+
+
+_T = TypeVar("_T")
+
+
+class _Kept(OrderedDict[str, tuple[_T, float]]):
+    """Trace ids kept with a value and the time they were kept, oldest first: at most ``cap``
+    of them (the oldest dropped first), and none older than what :meth:`forget_before` is
+    given. What the fleet remembers of the runs it ended (``in`` is a dict lookup: it is asked
+    for every trace of every request)."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__()
+        self.cap = cap
+
+    def keep(self, tid: str, value: _T, at: float) -> None:
+        self[tid] = (value, at)
+        self.move_to_end(tid)
+        while len(self) > self.cap:
+            self.popitem(last=False)
+
+    def take(self, tid: str) -> _T | None:
+        """The value kept for ``tid``, forgotten; ``None`` if there is none."""
+        kept = self.pop(tid, None)
+        return None if kept is None else kept[0]
+
+    def forget_before(self, limit: float) -> None:
+        while self and next(iter(self.values()))[1] < limit:
+            self.popitem(last=False)
 
 
 class Kill(msgspec.Struct, frozen=True, kw_only=True):
@@ -266,15 +295,15 @@ class Fleet:
         self._resume: dict[str, RunRow] = {}
         """Run rows of runs still going when this receiver started (see :meth:`resume`)."""
         self._resume_until = 0.0
-        self._ended: OrderedDict[str, float] = OrderedDict()
-        """Traces whose root span ended their run, with when: for ``idle_ttl_s``, at most
-        ``max_traces`` of them (see :attr:`late_spans`)."""
+        self._ended: _Kept[None] = _Kept(max_traces)
+        """Traces whose root span ended their run: for ``idle_ttl_s``, at most ``max_traces``
+        of them (see :attr:`late_spans`)."""
         self.late_spans = 0
         """Spans that came after their run's root span was judged (more than ``reorder_s``
         late: an exporter in another process that sends later), left out. The run's receipt
         stands as written; applied, such a span would start the run afresh, from zero, and its
         end would write over the receipt a half-run's."""
-        self._quiet: OrderedDict[str, tuple[RunRow, float]] = OrderedDict()
+        self._quiet: _Kept[RunRow] = _Kept(QUIET_KEPT_MAX)
         """Runs that ended by going quiet (no root span seen), with their last row and when: a
         run that was only waiting (for a person, a long job) and comes back goes on counting
         from that row, its calls numbered on, and its root span writes its real end. Kept for
@@ -330,13 +359,9 @@ class Fleet:
             elif row.updated_at >= now - self.idle_ttl_s and len(ended) < self.max_traces:
                 ended.append((row.updated_at, tid))
         for at, tid, kept in sorted(quiet, key=lambda q: q[0]):  # oldest first: dropped first
-            self._quiet[tid] = (kept, at)
+            self._quiet.keep(tid, kept, at)
         for at, tid in sorted(ended):
-            self._ended[tid] = at
-        while len(self._quiet) > QUIET_KEPT_MAX:
-            self._quiet.popitem(last=False)
-        while len(self._ended) > self.max_traces:
-            self._ended.popitem(last=False)
+            self._ended.keep(tid, None, at)
         return len(quiet), len(ended)
 
     replaying: bool = False
@@ -629,9 +654,9 @@ class Fleet:
             trace = traces[tid] = _Trace(now)
             if self._resume or self._quiet:
                 row = self._resume.pop(tid, None)
-                quiet = self._quiet.pop(tid, None)
+                quiet = self._quiet.take(tid)
                 if quiet is not None:
-                    row = quiet[0]  # newer than a row an earlier receiver left
+                    row = quiet  # newer than a row an earlier receiver left
                 if row is not None:
                     _continue(trace, row)
             while len(traces) > self.max_traces:
@@ -868,13 +893,7 @@ class Fleet:
         if self._resume and now > self._resume_until:
             self._resume.clear()  # the runs that did not come back within the idle TTL are over
         limit = now - self.idle_ttl_s
-        self._forget_ended(limit)
-        quiet = self._quiet
-        while quiet:
-            tid, (_row, at) = next(iter(quiet.items()))
-            if at >= now - QUIET_KEPT_S:
-                break
-            del quiet[tid]
+        self._forget(now)
         traces = self._traces
         while traces:
             tid, trace = next(iter(traces.items()))
@@ -891,11 +910,7 @@ class Fleet:
             return
         if root is not None:
             _widen(trace, root)
-            ended = self._ended
-            ended[tid] = now
-            ended.move_to_end(tid)
-            if len(ended) > self.max_traces:
-                ended.popitem(last=False)
+            self._ended.keep(tid, None, now)
         row = self._row(tid, trace, now)
         row.status = "ended"
         row.ended_at = now
@@ -910,24 +925,17 @@ class Fleet:
         if row.stop_reason is None:
             row.stop_reason = receipt.get("reason")
         if idle and root is None:
-            quiet = self._quiet
-            quiet[tid] = (msgspec.structs.replace(row, receipt=None), now)  # the counters, not the receipt
-            quiet.move_to_end(tid)
-            if len(quiet) > QUIET_KEPT_MAX:
-                quiet.popitem(last=False)
+            self._quiet.keep(tid, msgspec.structs.replace(row, receipt=None), now)  # the counters, not the receipt
         out.urgent.runs.append(row)
         if trace.timeline:
             out.urgent.calls.extend(trace.timeline)
             trace.timeline = []
         out.ended_runs.append(row)
 
-    def _forget_ended(self, limit: float) -> None:
-        ended = self._ended
-        while ended:
-            tid, at = next(iter(ended.items()))
-            if at >= limit:
-                break
-            del ended[tid]
+    def _forget(self, now: float) -> None:
+        """Forget the ended runs past their windows (``idle_ttl_s``, :data:`QUIET_KEPT_S`)."""
+        self._ended.forget_before(now - self.idle_ttl_s)
+        self._quiet.forget_before(now - QUIET_KEPT_S)
 
     def _write_dirty(self, now: float, out: Outcome) -> None:
         # An urgent row of a run still going was made mid-batch: bring it up to date, so the

@@ -99,8 +99,8 @@ class RedisFleet(Fleet):
                 start = 0
                 self._traces.pop(tid, None)
             if start == 0:  # the whole log goes in: its root (or END) ends the run again
-                self._ended.pop(tid, None)
-                self._quiet.pop(tid, None)
+                self._ended.take(tid)
+                self._quiet.take(tid)
             fetch = start < first_mine
             if fetch:
                 reads.lrange(LOG_PREFIX + tid, start, first_mine - 1)
@@ -156,8 +156,8 @@ class RedisFleet(Fleet):
             if len(fresh) == len(groups[tid]):
                 continue  # none of it was logged: the usual path
             self._traces.pop(tid, None)
-            self._ended.pop(tid, None)
-            self._quiet.pop(tid, None)
+            self._ended.take(tid)
+            self._quiet.take(tid)
             self._apply_all(tid, [(tid, rec, None) for rec in decoded], now, out)
             self._remember(tid, len(logged))
             if fresh:
