@@ -53,8 +53,9 @@ from tripwire.cli import serve as _serve  # noqa: E402,F401
 def main() -> None:
     """Console-script entry point.
 
-    An output that cannot be written (a full disk, ``> /dev/full``, a closed pipe) ends the
-    command with one line on standard error and exit code 1, never a traceback.
+    An output that cannot be written (a full disk, ``> /dev/full``, a closed pipe), or a file
+    error a command did not handle itself, ends the command with one line on standard error and
+    exit code 1, never a traceback.
     """
     try:
         try:
@@ -67,7 +68,8 @@ def main() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-        if not isinstance(exc, BrokenPipeError):  # the reader left (| head): nothing to say
-            where = f" ({exc.filename})" if exc.filename else ""
-            print(f"error: cannot write the output{where}: {exc.strerror or exc}", file=sys.stderr)
+        if exc.filename:  # not the output: a file a command did not handle itself
+            print(f"error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        elif not isinstance(exc, BrokenPipeError):  # the reader left (| head): nothing to say
+            print(f"error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
         sys.exit(1)
