@@ -107,3 +107,22 @@ def test_a_late_span_is_left_out_by_every_receiver_sharing_the_log(redis_client:
         assert b.process([], now=400.0).ended_runs == []
     finally:
         redis_client.delete(LOG_PREFIX + tid)
+
+
+@pytest.mark.redis
+def test_the_redis_fleet_forgets_ended_runs_past_their_window_too(redis_client: Any) -> None:
+    from tripwire.serve.shared_state import LOG_PREFIX, RedisFleet
+    from tripwire.spans import SpanView
+
+    tids = [os.urandom(16).hex() for _ in range(3)]
+    try:
+        fleet = RedisFleet(redis_client, reorder_s=0, idle_ttl_s=60)
+        for t, tid in enumerate(tids):
+            root = SpanView(trace_id=tid, span_id="f" * 16, name="invoke_agent a", start_s=1.0, end_s=2.0,
+                            attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"})
+            fleet.process([root], now=1.0 + t)
+        assert len(fleet._ended) == 3
+        fleet.process([], now=4.0 + 61)
+        assert len(fleet._ended) == 0
+    finally:
+        redis_client.delete(*[LOG_PREFIX + tid for tid in tids])

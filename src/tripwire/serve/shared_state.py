@@ -191,6 +191,7 @@ class RedisFleet(Fleet):
         self._cursor.pop(tid, None)
 
     def _end_idle(self, now: float, out: Outcome) -> None:
+        self._forget(now)
         limit = now - self.idle_ttl_s
         traces = self._traces
         while traces:
