@@ -48,6 +48,7 @@ setup(
     else [
         Extension("tripwire.core._speedups", ["src/tripwire/core/_speedups.c"], optional=True),
         Extension("tripwire.core._resultmask", ["src/tripwire/core/_resultmask.c"], optional=True),
+        Extension("tripwire.core._watchstep", ["src/tripwire/core/_watchstep.c"], optional=True),
         Extension("tripwire.spans._otlpscan", ["src/tripwire/spans/_otlpscan.c"], optional=True),
         Extension("tripwire.spans._otlpjson", ["src/tripwire/spans/_otlpjson.c"], optional=True),
     ],

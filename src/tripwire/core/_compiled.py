@@ -1,13 +1,15 @@
-"""The optional compiled accelerator, ``tripwire.core._speedups`` (``_speedups.c``).
+"""The optional compiled accelerators of :mod:`tripwire.core`, and how each is found.
 
-It is built by ``pip install`` when a C compiler is at hand and holds two stateless leaf
-functions of :mod:`tripwire.core.signature`: the canonical bytes of a tool call's arguments (the
-volatile-key walk included) and the volatile-key check of decoded JSON. Each has a Python twin
-that stays the reference; signatures are the same either way, and the loop watcher and every
-rule are Python only. A second module, ``tripwire.core._resultmask`` (``_resultmask.c``), holds
-two of ``Normalizer.result_digest``: the mask of a short tool result's volatile values and the
-digit deletion of a long one. Set ``TRIPWIRE_NO_EXTENSIONS=1`` to run without them (CI runs the
-whole suite both ways).
+They are built by ``pip install`` when a C compiler is at hand. ``tripwire.core._speedups``
+(``_speedups.c``) holds two stateless leaf functions of :mod:`tripwire.core.signature`: the
+canonical bytes of a tool call's arguments (the volatile-key walk included) and the volatile-key
+check of decoded JSON. ``tripwire.core._resultmask`` (``_resultmask.c``) holds two of
+``Normalizer.result_digest``: the mask of a short tool result's volatile values and the digit
+deletion of a long one. ``tripwire.core._watchstep`` (``_watchstep.c``) does the per-call
+bookkeeping of :func:`tripwire.core.watch.evaluate_hashed` for the calls it handles, calling no
+Python function; every rule's test and every verdict stay Python. Each has a Python twin that
+stays the reference. Set ``TRIPWIRE_NO_EXTENSIONS=1`` to run without them (CI runs the whole
+suite both ways).
 """
 
 from __future__ import annotations

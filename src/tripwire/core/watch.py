@@ -43,13 +43,13 @@ any rule tripping: a single different call inside a loop is not a recovery.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from tripwire.core._compiled import speedups
+from tripwire.core._compiled import compiled, speedups
 from tripwire.core.events import Lease, ToolCall
 from tripwire.core.policy import KeyMode, LoopPolicy
 from tripwire.core.reasons import Rule, Verdict
@@ -398,8 +398,24 @@ def evaluate_hashed(
     ``result`` is ``hash(call.result_digest) or 1``, or 0 when the call has no result (what
     :func:`evaluate` passes). For callers on the hot path that already hold the signature and
     know the call has no result (:class:`~tripwire.LoopDetector`): one call less per tool call.
+
+    When ``tripwire.core._watchstep`` is built, its ``step`` does the bookkeeping below (ring,
+    counts, period runs, results and revisit rings, streaks, marks, the "can any rule trip"
+    test) for the calls it handles and says what comes next; this Python path is its reference,
+    and runs for every other call (see ``_watchstep.c``).
     """
     args_key = sig.key
+    if _step is not None:
+        # The compiled bookkeeping (_watchstep.c) of the calls it handles: no error, no
+        # progress, no retry of a failure in the window, keyed on tool and arguments, no polls.
+        hits = _step(state, call, args_key, result, policy)
+        if hits is None:
+            return None
+        if hits > 0:
+            return _judge(state, call, sig, args_key, hits, state.calls, policy, normalizer, now_s, None)
+        if hits == 0:
+            return _quiet(state, call, state.calls, policy, normalizer)
+        # -1: not a call it handles; nothing was touched
     key = args_key if policy.key is _TOOL_ARGS else normalizer.tool_signature(call.tool).key
     window = policy.window
     state.calls = index = state.calls + 1
@@ -1081,5 +1097,23 @@ def _results_changed(results: Sequence[int], slots: list[int], rule: Rule, perio
 
 
 COMPILED: Final = speedups() is not None
-"""True when the compiled leaf helpers of :mod:`tripwire.core.signature` are in use (the
-watcher itself is always this Python module)."""
+"""True when the compiled leaf helpers of :mod:`tripwire.core.signature` are in use."""
+
+
+def _compiled_step() -> Callable[[RunState, ToolCall, int, int, LoopPolicy], int | None] | None:
+    """``_watchstep.step`` set up for this module's classes, or ``None`` (not built, disabled
+    by ``TRIPWIRE_NO_EXTENSIONS``, or a layout it cannot read): then :func:`evaluate_hashed`
+    does all of its bookkeeping in Python."""
+    module = compiled("core._watchstep")
+    if module is None:
+        return None
+    try:
+        module.configure(RunState, ToolCall, _NO_RUNS, _WORKING, array, _TOOL_ARGS, _EMPTY, REPLAY_GRACE)
+    except TypeError:
+        return None
+    step: Callable[[RunState, ToolCall, int, int, LoopPolicy], int | None] = module.step
+    return step
+
+
+_step: Final = _compiled_step()
+"""The compiled per-call bookkeeping of :func:`evaluate_hashed`, or ``None``."""
