@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 import os
 from array import array
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -35,17 +34,6 @@ from tripwire.errors import ConfigError
 _watchstep = compiled_or_skip("core._watchstep", "the compiled watcher bookkeeping")
 
 CORPUS = Path(os.environ.get("TRIPWIRE_CORPUS") or Path(__file__).resolve().parents[3] / "shared" / "corpus")
-
-
-@contextmanager
-def python_path() -> Iterator[None]:
-    """evaluate_hashed with the compiled step switched off (its reference path)."""
-    step = watch._step
-    watch._step = None  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        watch._step = step  # type: ignore[misc]
 
 
 def fields(state: RunState) -> dict[str, Any]:
@@ -74,7 +62,7 @@ def both(
         if _watchstep.step(probe, call, sig.key, (hash(digest) or 1) if digest is not None else 0, policy) != -1:
             taken += 1
         got_fast.append(evaluate(fast, call, policy, DEFAULT_NORMALIZER, signature=sig))
-        with python_path():
+        with mock.patch.object(watch, "_step", None):  # evaluate_hashed's Python path alone
             got_slow.append(evaluate(slow, call, policy, DEFAULT_NORMALIZER, signature=sig))
         assert got_fast[-1] == got_slow[-1], f"call {i + 1}: {call}"
         assert fields(fast) == fields(slow), f"state after call {i + 1}: {call}"
