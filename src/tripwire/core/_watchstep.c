@@ -13,7 +13,8 @@
  *
  * It handles calls that carry no error, no progress fingerprint and no retryable=False, in runs
  * with no progress ring, under a policy keyed on tool and arguments with no declared polls; a
- * call whose own signature failed within the window (a retry) is Python's too. Everything else, and every verdict, stays in Python.
+ * call whose own signature failed within the window (a retry) is Python's too. Everything else,
+ * and every rule's test and every verdict, stays in Python. It calls no Python function.
  * evaluate_hashed in watch.py stays the reference: the whole suite runs with and without this
  * module (TRIPWIRE_NO_EXTENSIONS=1), and tests/core/test_watchstep.py runs both on the same
  * random calls and compares every field of the state after each one.
