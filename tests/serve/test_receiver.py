@@ -321,6 +321,26 @@ def test_a_span_sent_after_its_runs_root_leaves_the_ended_run_and_its_receipt_as
         assert {k: after[k] for k in keys} == {k: ended[k] for k in keys}
 
 
+def test_a_run_that_went_quiet_and_comes_back_is_running_again_in_its_row_until_its_root_ends_it(sqlite_store: RunStore) -> None:
+    # An agent waited for a person past the idle TTL, so its run was recorded as ended (gone
+    # quiet). Its next call went on counting, but the row kept saying "ended" with the quiet
+    # receipt: the store would not turn an ended row back into a running one.
+    config = ServeConfig(tokens=(TOKEN,), reorder_s=0.0, flush_s=0.05, idle_ttl_s=2.0)
+    with running_service(config, sqlite_store) as service:
+        first, second, root = loop_spans(2, agent="waiter")
+        tid = trace_id_of([root])
+        post = {"headers": _auth(PB), "timeout": 10}
+        assert httpx.post(f"{service.url}/v1/traces", content=protobuf_body([first]), **post).status_code == 200
+        quiet = _wait_run(service, tid, status="ended")
+        assert quiet["receipt"]["end"] is None and quiet["tool_calls"] == 1
+        assert httpx.post(f"{service.url}/v1/traces", content=protobuf_body([second]), **post).status_code == 200
+        back = _wait_run(service, tid, tool_calls=2)
+        assert (back["status"], back["receipt"], back["ended_at"]) == ("running", None, None)
+        assert httpx.post(f"{service.url}/v1/traces", content=protobuf_body([root]), **post).status_code == 200
+        done = _wait_run(service, tid, status="ended", tool_calls=2)
+        assert (done["agent"], done["receipt"]["reason"]) == ("waiter", "completed")
+
+
 def test_after_a_restart_the_runs_that_ended_lately_are_known_as_ended(sqlite_store: RunStore) -> None:
     # The second receiver did not end these runs itself: it knows them from the store. A late
     # span of the run its root ended is left out; the run that went quiet goes on from its row.

@@ -57,7 +57,7 @@ def test_upsert_keeps_created_at_and_operator_flags(store: RunStore) -> None:
 def test_an_ended_run_is_not_turned_back_into_a_running_one(store: RunStore) -> None:
     tid = "e" * 32
     receipt = {"reason": "completed", "counters": {"tool_calls": 3}}
-    store.write(Batch(runs=[_run(tid, status="ended", tool_calls=3, receipt=receipt, ended_at=150.0)]))
+    store.write(Batch(runs=[_run(tid, status="ended", stop_reason="completed", tool_calls=3, receipt=receipt, ended_at=150.0)]))
     # A late write of the run as it was before its end (an older batch, retried) loses.
     store.write(Batch(runs=[_run(tid, status="running", tool_calls=2, updated_at=160.0)]))
     row = store.run(tid)
@@ -70,6 +70,31 @@ def test_an_ended_run_is_not_turned_back_into_a_running_one(store: RunStore) -> 
     again, mine = store.run(other), store.run(tid)
     assert again is not None and (again.tool_calls, again.verdict) == (4, "stuck")
     assert mine is not None and (mine.status, mine.tool_calls) == ("ended", 3)
+
+
+def test_a_run_that_only_went_quiet_is_running_again_when_a_write_counts_more_than_its_end(store: RunStore) -> None:
+    quiet, stopped = "c" * 32, "d" * 32
+    receipt = {"reason": None, "end": None, "counters": {"tool_calls": 3}}
+    store.write(Batch(runs=[
+        _run(quiet, status="ended", tool_calls=3, steps=2, receipt=receipt, ended_at=150.0, updated_at=150.0),
+        _run(stopped, status="ended", stop_reason="loop_detected", verdict="stuck", tool_calls=3, ended_at=150.0),
+    ]))
+    # An older snapshot of the quiet run, retried late, counts no more than its end: it loses,
+    # even with a clock that says later.
+    store.write(Batch(runs=[_run(quiet, status="running", tool_calls=3, steps=2, updated_at=170.0)]))
+    row = store.run(quiet)
+    assert row is not None and (row.status, row.receipt, row.ended_at) == ("ended", receipt, 150.0)
+    # The run came back (an agent that waited for a person): its next call makes it running.
+    store.write(Batch(runs=[
+        _run(quiet, status="running", tool_calls=4, steps=2, updated_at=180.0),
+        _run(stopped, status="running", tool_calls=9, steps=5, updated_at=180.0),
+    ]))
+    row = store.run(quiet)
+    assert row is not None
+    assert (row.status, row.tool_calls, row.receipt, row.ended_at, row.updated_at) == ("running", 4, None, None, 180.0)
+    # A run a stop ended stays ended, whatever comes after.
+    held = store.run(stopped)
+    assert held is not None and (held.status, held.tool_calls, held.stop_reason) == ("ended", 3, "loop_detected")
 
 
 def test_filters_pagination_and_counts(store: RunStore) -> None:

@@ -430,8 +430,25 @@ class RunStore:
                 stmt = stmt.on_conflict_do_update(
                     index_elements=[runs.c.trace_id],
                     set_={name: stmt.excluded[name] for name in _RUN_COLUMNS if name not in _KEEP_ON_UPDATE},
-                    # An ended run is never turned back into a running one by a late, older write.
-                    where=sa.not_(sa.and_(runs.c.status == "ended", stmt.excluded.status == "running")),
+                    # An ended run is never turned back into a running one by a late, older
+                    # write, unless it only went quiet (no stop reason: nothing said how it
+                    # ended) and came back: a write that counts more than its end did is newer
+                    # (a run's counters only grow), whatever the receivers' clocks say.
+                    where=sa.not_(
+                        sa.and_(
+                            runs.c.status == "ended",
+                            stmt.excluded.status == "running",
+                            sa.not_(
+                                sa.and_(
+                                    runs.c.stop_reason.is_(None),
+                                    sa.or_(
+                                        stmt.excluded.tool_calls > runs.c.tool_calls,
+                                        stmt.excluded.steps > runs.c.steps,
+                                    ),
+                                )
+                            ),
+                        )
+                    ),
                 )
             else:
                 stmt = stmt.on_conflict_do_update(
