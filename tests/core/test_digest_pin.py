@@ -17,7 +17,16 @@ import pytest
 
 from tripwire.core.signature import DEFAULT_NORMALIZER, signature_of
 
-VERSION = "n2r5+vk.e84487b5+cap.16384"
+VERSION = "n3r5+vk.e84487b5+cap.16384"
+
+
+class _Label(str):
+    """A ``str`` subclass (n3: signs as its text)."""
+
+
+class _Ratio(float):
+    """A ``float`` subclass, as ``numpy.float64`` is (n3: signs as its number)."""
+
 
 ARGUMENTS: list[tuple[str, Any, str, str]] = [
     ("search_docs", {"query": "refund policy"}, "json", "a39984e14262a6802dc4a7a6f82beea2"),
@@ -45,6 +54,10 @@ ARGUMENTS: list[tuple[str, Any, str, str]] = [
     ("read_page", None, "absent", "e8bc61faffab05b981f8ee2fa25d11bb"),
     ("big", {"n": 2**70}, "json", "d0d36f0976a0397d6f15d5e82baee6e9"),
     ("é", [1, "two", {"three": 3}], "json", "10d3207b03d46a21b64aaa2d706bfb77"),
+    # n3: subclasses sign as the plain values (n2 wrote them through the stdlib's JSON); the
+    # same digest as '{"label": "a", "threshold": 0.25}'.
+    ("compute", {"threshold": _Ratio(0.25), "label": _Label("a")}, "json", "237a70bf3ce243bbca567b49c30a703d"),
+    ("compute", '{"label": "a", "threshold": 0.25}', "json", "237a70bf3ce243bbca567b49c30a703d"),
 ]
 
 RESULTS: list[tuple[Any, str]] = [

@@ -446,12 +446,39 @@ def test_json_and_text_and_fallback_payloads_never_meet() -> None:
     assert sig({"n": 2**70}) != sig({"n": str(2**70)})
 
 
-def test_str_subclasses_and_lone_surrogates_take_the_stdlib_fallback() -> None:
-    class Name(str):
-        pass
+def test_str_and_float_subclasses_sign_as_the_plain_values_their_json_text_holds() -> None:
+    import enum
 
-    assert sig({"a": Name("x")}) == sig({"a": Name("x")})
-    assert sig({"a": Name("x"), "b": "\udfff"}) == sig({"b": "\udfff", "a": Name("x")})
+    class Name(str):
+        def __str__(self) -> str:  # an overridden conversion is not what the value holds
+            return "something else"
+
+    class Ratio(float):  # what numpy.float64 is
+        def __float__(self) -> float:
+            return 0.0
+
+    class Color(str, enum.Enum):
+        RED = "red"
+
+    for value, plain in (
+        (Name("x"), "x"),
+        (Ratio(0.25), 0.25),
+        (Ratio(2.0), 2),  # an integral float is the integer, as 2.0 in JSON text is
+        (Ratio(float("nan")), float("nan")),
+        (Color.RED, "red"),
+        ([Name("x"), {"r": Ratio(1.5)}], ["x", {"r": 1.5}]),
+    ):
+        args = {"a": value}
+        assert sig(args) == sig({"a": plain}), value
+        if value == value:  # json.dumps cannot write NaN as JSON
+            assert sig(args) == sig(json.dumps(args)), value
+        assert DEFAULT_NORMALIZER.result_digest(args) == DEFAULT_NORMALIZER.result_digest({"a": plain})
+    assert sig({Name("k"): 1}) == sig({"k": 1}) == sig('{"k": 1}')
+    assert sig({"a": Name("x")}) != sig({"a": Name("y")})
+
+
+def test_lone_surrogates_take_the_stdlib_fallback() -> None:
+    assert sig({"a": "x", "b": "\udfff"}) == sig({"b": "\udfff", "a": "x"})
     assert sig({"a": "\udfff"}) != sig({"a": "\\udfff"})
 
 

@@ -136,7 +136,7 @@ PINNED: dict[str, str] = {
     "pydantic_ai": "06588f245a6b4226",
     "smolagents": "14d8d9d810e4ab11",
 }
-PIN_VERSIONS = ("m2", "n2r5+vk.e84487b5+cap.16384")
+PIN_VERSIONS = ("m2", "n3r5+vk.e84487b5+cap.16384")
 
 
 def _digest(name: str) -> str:

@@ -60,11 +60,12 @@ __all__ = [
     "signature_of",
 ]
 
-NORMALIZER_SCHEME: Final = "n2r5"
+NORMALIZER_SCHEME: Final = "n3r5"
 """Bump when the canonical form of arguments (n…) or results (r…) changes in a way the fields
 of :class:`Normalizer` don't show (r5: hex ids that start with a letter, dates with slashes,
 compound durations, memory addresses, request ids written out and temporary names are
-volatile too)."""
+volatile too; n3: a ``str`` or ``float`` subclass in a mapping, such as ``numpy.float64``,
+signs as the plain value, as its JSON text does)."""
 
 DEFAULT_VOLATILE_KEYS: Final = frozenset(
     {
@@ -126,7 +127,7 @@ _encode_msgpack: Final = msgspec.msgpack.Encoder(order="sorted").encode
 _JSON_TAG: Final = b"\xc1j"
 """msgspec's sorted JSON: values MessagePack cannot hold (integers wider than 64 bits)."""
 _PYJSON_TAG: Final = b"\xc1p"
-"""The stdlib's sorted, ASCII-escaped JSON: lone surrogates, ``str``/``float`` subclasses."""
+"""The stdlib's sorted, ASCII-escaped JSON: strings with lone surrogates."""
 _HEXINT_TAG: Final = b"\xc1x"
 """As ``_PYJSON_TAG``, integers too long for decimal text written in hex."""
 _OPAQUE_TAG: Final = b"\xc1?"
@@ -1036,12 +1037,18 @@ class Normalizer:
                 if v - v == 0.0:
                     return int(v) if v.is_integer() else v
                 return _float_token(v)
-            if isinstance(v, (str, bool)):
-                return v
+            # Subclasses sign as the value they hold, as their JSON text does: a str subclass
+            # (a str enum's member included) as its text, a float subclass (numpy.float64) as
+            # its number. str.__str__ and float.__float__ skip any overridden conversion.
+            if isinstance(v, str):
+                return str.__str__(v)
             if isinstance(v, int):
                 return int(v)
             if isinstance(v, float):
-                return _float_token(v)
+                f = float.__float__(v)
+                if f - f == 0.0:
+                    return int(f) if f.is_integer() else f
+                return _float_token(f)
             if depth >= MAX_DEPTH:
                 return _DEPTH
             if t is dict or isinstance(v, Mapping):
@@ -1052,7 +1059,7 @@ class Normalizer:
                 try:
                     out: dict[str, Any] = {}
                     for k, item in v.items():
-                        sk = k if isinstance(k, str) else _key_text(k)
+                        sk = k if type(k) is str else str.__str__(k) if isinstance(k, str) else _key_text(k)
                         if sk in volatile:
                             continue
                         ti = type(item)
