@@ -359,6 +359,26 @@ def test_json_string_and_dict_agree_below_max_depth() -> None:
     assert sig(json.dumps(d)) == sig(d)
 
 
+@pytest.mark.parametrize("depth", [MAX_DEPTH, MAX_DEPTH + 1, MAX_DEPTH + 2, 200, 600])
+def test_json_string_and_dict_agree_past_max_depth_too(depth: int) -> None:
+    # n3: the text is cut at MAX_DEPTH as the mapping is (n2 kept every level of the text).
+    lists: object = "x"
+    mixed: object = {"q": 1, "nonce": 7}
+    for i in range(depth):
+        lists = [lists]
+        mixed = {"a": mixed, "b": [i]} if i % 2 else [mixed, {"c": i}]
+    n = Normalizer(max_bytes=10**6)
+    for value in (_nested_dict(depth), lists, mixed):
+        text = json.dumps(value)
+        assert sig(text, normalizer=n) == sig(value, normalizer=n) == sig(text.encode(), normalizer=n)
+        assert sig(text, normalizer=n).kind is ArgsKind.JSON
+    # What lies past the cut no longer counts, in text as in a mapping.
+    deeper = json.dumps(_nested_dict(depth + 1))
+    assert (sig(deeper, normalizer=n) == sig(json.dumps(_nested_dict(depth)), normalizer=n)) is (
+        depth >= MAX_DEPTH
+    )
+
+
 def test_self_referencing_dict() -> None:
     d: dict[str, object] = {"q": "x"}
     d["self"] = d

@@ -804,6 +804,8 @@ class Normalizer:
                     obj = self._strip(obj)
             elif not self._holds_no_volatile(obj, text):
                 obj = self._strip(obj)
+            if _may_nest_deeper(text):
+                obj = self._strip(obj)  # cut at MAX_DEPTH, as the same value given as a dict is
         try:
             payload = _encode_msgpack(obj)
         except Exception:  # the rare values MessagePack cannot hold
@@ -965,7 +967,7 @@ class Normalizer:
         except (msgspec.DecodeError, RecursionError, ValueError):
             return _TEXT, raw
         t = type(obj)
-        if (t is dict or t is list) and not self._holds_no_volatile(obj, raw):
+        if (t is dict or t is list) and (_may_nest_deeper(raw) or not self._holds_no_volatile(obj, raw)):
             obj = self._strip(obj)
         return self._canonical_decoded(obj, raw)
 
@@ -1089,6 +1091,17 @@ class Normalizer:
             return _object_token(v)
 
         return walk(value, 0)
+
+
+def _may_nest_deeper(raw: str | bytes) -> bool:
+    """False when the JSON text ``raw`` surely holds no container deeper than :data:`MAX_DEPTH`
+    (each level opens with a ``{`` or a ``[``, and closes too): then cutting it there changes
+    nothing, and the walk that cuts can be skipped."""
+    if len(raw) <= 2 * MAX_DEPTH:
+        return False
+    if isinstance(raw, str):
+        return raw.count("{") + raw.count("[") > MAX_DEPTH
+    return raw.count(b"{") + raw.count(b"[") > MAX_DEPTH
 
 
 def _braces_at_most(raw: str | bytes, n: int) -> bool:
