@@ -381,3 +381,35 @@ def test_every_trace_of_the_corpus_is_read_by_the_fast_path_as_the_decoder_reads
     read = [check(f.read_bytes()) for f in files]
     assert all(views is not None for views in read)  # what real emitters wrote: all of it
     assert sum(len(v) for v in read if v is not None) > 0
+
+
+def test_a_value_read_again_after_its_key_keeps_no_memory() -> None:
+    # An attribute whose "value" comes before its "key" is read again once the key says it is
+    # wanted; the names of a key-value list inside it were kept by a copy of the reader's
+    # state and never released (about 6 KB a request here, for as long as the process ran).
+    import gc
+    import tracemalloc
+
+    def body(i: int) -> bytes:
+        values = [{"key": f"k{i}.{j}." + "x" * 200, "value": {"stringValue": "v"}} for j in range(20)]
+        attribute = {"value": {"kvlistValue": {"values": values}}, "key": "gen_ai.tool.call.arguments"}
+        span = {"traceId": "0" * 31 + "1", "spanId": "0" * 15 + "1", "name": "execute_tool t",
+                "startTimeUnixNano": "1", "endTimeUnixNano": "2",
+                "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool"}}, attribute]}  # fmt: skip
+        request = {"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": [span]}]}]}
+        return json.dumps(request).encode()
+
+    bodies = [body(i) for i in range(200)]
+    got = check(bodies[0])
+    assert got is not None and len(got[0].attributes["gen_ai.tool.call.arguments"]) == 20
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for b in bodies:
+            fast(b)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 100_000, grown

@@ -36,6 +36,12 @@ typedef struct {
     ptr name_at[NAMES];
     Py_ssize_t name_len[NAMES];
     PyObject *name[NAMES];
+    /* And whether each attribute key is wanted: asked of the wanted prefixes and keys once per
+     * request (keys as written, unescaped; they point into the body). */
+    int wants;
+    ptr want_at[NAMES];
+    Py_ssize_t want_len[NAMES];
+    unsigned char want[NAMES];
 } P;
 
 typedef struct {
@@ -549,7 +555,20 @@ typedef struct {
 static int kv_wanted(P *s, KvCtx *kv) {
     if (kv->want >= 0) return kv->want;
     if (!kv->key.set) return kv->want = 0; /* "" is not wanted */
-    if (!kv->key.escaped) return kv->want = wanted(s, kv->key);
+    if (!kv->key.escaped) {
+        ptr lo = kv->key.lo;
+        Py_ssize_t n = kv->key.hi - lo;
+        for (int i = 0; i < s->wants; i++)
+            if (s->want_len[i] == n && memcmp(s->want_at[i], lo, n) == 0) return kv->want = s->want[i];
+        kv->want = wanted(s, kv->key);
+        if (kv->want >= 0 && s->wants < NAMES) {
+            int i = s->wants++;
+            s->want_at[i] = lo;
+            s->want_len[i] = n;
+            s->want[i] = (unsigned char)kv->want;
+        }
+        return kv->want;
+    }
     PyObject *name = text(kv->key); /* the key as the decoder reads it */
     if (name == NULL) return -1;
     Py_ssize_t n;
@@ -595,9 +614,13 @@ static int kv_read(P *s, KvCtx *kv) {
         int w = kv_wanted(s, kv);
         if (w < 0) return PYERR;
         if (w) {
-            P again = *s;
-            again.p = kv->value_at;
-            if ((e = any_value(&again, kv->depth, 1, &kv->value))) return e;
+            /* Read it again in place: on a copy of the state, the names a key-value list in
+             * the value added to the copy's table would never be released. */
+            ptr resume = s->p;
+            s->p = kv->value_at;
+            e = any_value(s, kv->depth, 1, &kv->value);
+            s->p = resume;
+            if (e) return e;
             kv->build = 1;
         }
     }
@@ -1093,6 +1116,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     s.p = (ptr)buf.buf;
     s.end = s.p + buf.len;
     s.names = 0;
+    s.wants = 0;
     int e = object(&s, request_member, &r);
     for (int i = 0; i < s.names; i++) Py_DECREF(s.name[i]);
     if (!e && (!(r.seen & 1) || peek(&s) != -1)) e = NO; /* no resourceSpans, or trailing data */
