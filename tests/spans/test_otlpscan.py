@@ -263,6 +263,59 @@ def test_compiled_scanner_matches_on_random_bytes(data: bytes) -> None:
     assert scan_c(data) == scan_py(data)
 
 
+
+@needs_c
+def test_the_keys_a_request_repeats_are_read_once_and_shared_and_read_as_before() -> None:
+    # The compiled scanner remembers, per request, each attribute key it met (at most 32) and
+    # whether it is wanted, and the trace and parent ids it met: more keys than that, keys in
+    # and out of the wanted set, a wanted key with bad UTF-8 (its spans are rejected each
+    # time), all read as the Python twin reads.
+    def request(keys: list[str], n: int) -> bytes:
+        req = pb.ExportTraceServiceRequest()
+        spans = req.resource_spans.add().scope_spans.add()
+        for i in range(n):
+            sp = spans.spans.add()
+            sp.trace_id = b"\x01" * 16
+            sp.span_id = bytes([0] * 7 + [i + 1])
+            sp.parent_span_id = b"\x09" * 8
+            sp.name = "execute_tool t"
+            for k, key in enumerate(keys):
+                if key != "gen_ai.MARK" or i % 2:
+                    sp.attributes.add(key=key).value.string_value = f"v{i}.{k}"
+        return req.SerializeToString().replace(b"MARK", b"\xff\xfe\xfd\xfc")
+
+    many = request([f"gen_ai.k{k:02}" if k % 3 else f"other.k{k:02}" for k in range(45)], 2)
+    bad = request(["gen_ai.tool.name", "gen_ai.MARK", "thread.id"], 4)  # spans 1 and 3 bad
+    for data in (many, bad):
+        assert scan_c(data) == scan_py(data)
+    entries, _cut = _otlpscan.scan(bad, _PREFIX_BYTES, _KEY_BYTES, MAX_DEPTH)
+    assert [type(e) is tuple for e in entries] == [True, False, True, False]
+    entries, _cut = _otlpscan.scan(many, _PREFIX_BYTES, _KEY_BYTES, MAX_DEPTH)
+    # One str per trace id and per parent id in a request, as for keys.
+    assert entries[0][0] is entries[1][0] and entries[0][2] is entries[1][2]
+    assert entries[0][0] == "01" * 16 and entries[1][2] == "09" * 8
+    first, second = (list(e[9]) for e in entries)
+    assert first == second and len(first) == 30  # the 30 gen_ai. keys of the 45
+    # Ids that take the same slot (the same last byte) are told apart.
+    req = pb.ExportTraceServiceRequest()
+    spans = req.resource_spans.add().scope_spans.add()
+    for i in range(6):
+        sp = spans.spans.add()
+        sp.trace_id = bytes([i % 3 + 1]) + b"\x00" * 14 + b"\x07"
+        sp.span_id = bytes([0] * 7 + [i + 1])
+        sp.parent_span_id = bytes([i % 2 + 1]) + b"\x00" * 6 + b"\x07"
+        sp.name = "t"
+    data = req.SerializeToString()
+    assert scan_c(data) == scan_py(data)
+    entries, _cut = _otlpscan.scan(data, _PREFIX_BYTES, _KEY_BYTES, MAX_DEPTH)
+    assert [(e[0][:2], e[2][:2]) for e in entries] == [("01", "01"), ("02", "02"), ("03", "01"),
+                                                        ("01", "02"), ("02", "01"), ("03", "02")]  # fmt: skip
+    # The 32 keys met first (21 of them wanted) are one str in every span's dict; the rest are
+    # read anew for each span.
+    shared = [a is b for a, b in zip(first, second, strict=True)]
+    assert shared[:21] == [True] * 21 and not any(shared[21:])
+
+
 # -- the decoder's contract on hand-made cases (both scanners: the suite runs both ways) -----
 
 

@@ -20,11 +20,26 @@ static const char *WHY[] = {
 };
 static const char BAD_IDS[] = "invalid trace_id or span_id";
 
+#define KEYS 32
+#define IDS 128 /* a power of two */
 typedef struct {
     PyObject *prefixes; /* tuple of bytes */
     PyObject *keys;     /* frozenset of bytes */
     int max_depth;
     Py_ssize_t deep;
+    /* The spans of a request carry the same few attribute keys: each is tested against the
+     * wanted ones, and a wanted one decoded (and hashed, by the first dict it goes into), once
+     * per request, and every span's dict shares its str. Owned references, released by scan(). */
+    int seen;
+    ptr key_at[KEYS];
+    Py_ssize_t key_len[KEYS];
+    PyObject *key_name[KEYS]; /* the key's str, or NULL: not wanted */
+    /* Likewise the hex of the trace ids and parent span ids met lately: one str per trace (and
+     * per parent) and request, its hash computed once, wherever the receiver looks it up. One
+     * table for trace ids, one for parent ids; a slot per id's last byte (ids are random), taken
+     * over when another id needs it. */
+    ptr id_at[2][IDS];
+    PyObject *id_str[2][IDS];
 } Ctx;
 
 typedef struct {
@@ -122,6 +137,36 @@ static int wanted(Ctx *c, ptr k, Py_ssize_t n) {
     return r;
 }
 
+/* The str of the attribute key k when it is wanted, else NULL in *name: OK or an error. */
+static int wanted_name(Ctx *c, Slice k, PyObject **name) {
+    Py_ssize_t n = k.set ? k.hi - k.lo : 0;
+    *name = NULL;
+    if (!k.set) {
+        int w = wanted(c, (ptr) "", 0);
+        if (w < 0) return E_PY;
+        if (w && (*name = PyUnicode_FromStringAndSize("", 0)) == NULL) return E_PY;
+        return OK;
+    }
+    for (int i = 0; i < c->seen; i++)
+        if (c->key_len[i] == n && memcmp(c->key_at[i], k.lo, n) == 0) {
+            *name = Py_XNewRef(c->key_name[i]);
+            return OK;
+        }
+    int w = wanted(c, k.lo, n);
+    if (w < 0) return E_PY;
+    if (w) {
+        int err = OK;
+        if ((*name = text(k, &err)) == NULL) return err ? err : E_PY;
+    }
+    if (c->seen < KEYS) {
+        int i = c->seen++;
+        c->key_at[i] = k.lo;
+        c->key_len[i] = n;
+        c->key_name[i] = Py_XNewRef(*name);
+    }
+    return OK;
+}
+
 static PyObject *value(ptr p, ptr end, int depth, Ctx *c, int *err);
 
 static int kv_into(ptr p, ptr end, int depth, Ctx *c, PyObject *out, int filtered) {
@@ -136,14 +181,15 @@ static int kv_into(ptr p, ptr end, int depth, Ctx *c, PyObject *out, int filtere
             return e;
         }
     }
-    if (filtered) {
-        int w = k.set ? wanted(c, k.lo, k.hi - k.lo) : wanted(c, (ptr) "", 0);
-        if (w < 0) return E_PY;
-        if (!w) return OK;
-    }
     int err = OK;
-    PyObject *name = k.set ? text(k, &err) : PyUnicode_FromStringAndSize("", 0);
-    if (name == NULL) return err ? err : E_PY;
+    PyObject *name;
+    if (filtered) {
+        if ((err = wanted_name(c, k, &name))) return err;
+        if (name == NULL) return OK;
+    } else {
+        name = k.set ? text(k, &err) : PyUnicode_FromStringAndSize("", 0);
+        if (name == NULL) return err ? err : E_PY;
+    }
     PyObject *val;
     if (v.set) {
         val = value(v.lo, v.hi, depth, c, &err);
@@ -320,6 +366,21 @@ static PyObject *hex(Slice s) {
     return r;
 }
 
+/* hex(s) of a trace id (table 0, 16 bytes) or a parent span id (table 1, 8 bytes), shared
+ * with the id met last in its slot when it is the same id. */
+static PyObject *hex_of(Ctx *c, int table, Slice s) {
+    Py_ssize_t n = s.hi - s.lo; /* 16 or 8: checked by the caller */
+    int i = s.lo[n - 1] & (IDS - 1);
+    PyObject **slot = &c->id_str[table][i];
+    if (*slot != NULL && memcmp(c->id_at[table][i], s.lo, n) == 0) return Py_NewRef(*slot);
+    PyObject *r = hex(s);
+    if (r != NULL) {
+        Py_XSETREF(*slot, Py_NewRef(r)); /* the old one is a str: its release runs no Python */
+        c->id_at[table][i] = s.lo;
+    }
+    return r;
+}
+
 static int zeros(Slice s) {
     for (ptr q = s.lo; q < s.hi; q++)
         if (*q) return 0;
@@ -414,9 +475,9 @@ static PyObject *span(ptr p, ptr end, Ctx *c, PyObject *resource, PyObject *scop
     } while (0)
     PyTuple_SET_ITEM(t, 9, attrs);
     attrs = NULL;
-    SET(0, hex(tid));
+    SET(0, hex_of(c, 0, tid));
     SET(1, hex(sid));
-    SET(2, parent.set && parent.hi - parent.lo == 8 && !zeros(parent) ? hex(parent) : Py_NewRef(Py_None));
+    SET(2, parent.set && parent.hi - parent.lo == 8 && !zeros(parent) ? hex_of(c, 1, parent) : Py_NewRef(Py_None));
     {
         int te = OK;
         x = name.set ? text(name, &te) : PyUnicode_FromStringAndSize("", 0);
@@ -571,6 +632,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         }
     }
     c.deep = 0;
+    c.seen = 0;
+    memset(c.id_str, 0, sizeof c.id_str);
     PyObject *out = PyList_New(0);
     if (out == NULL) {
         PyBuffer_Release(&buf);
@@ -589,6 +652,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         } else if ((e = skip(&p, end, wt))) {
             break;
         }
+    }
+    for (int i = 0; i < c.seen; i++) Py_XDECREF(c.key_name[i]);
+    for (int i = 0; i < IDS; i++) {
+        Py_XDECREF(c.id_str[0][i]);
+        Py_XDECREF(c.id_str[1][i]);
     }
     PyBuffer_Release(&buf);
     if (e) {
