@@ -413,3 +413,24 @@ def test_a_value_read_again_after_its_key_keeps_no_memory() -> None:
     finally:
         tracemalloc.stop()
     assert grown < 100_000, grown
+
+
+def test_the_ids_a_request_repeats_are_one_str_each_and_read_as_the_decoder_reads_them() -> None:
+    # One str per trace id and parent id in a request; ids that take one slot (the same last
+    # two characters), an id in upper case and an all-zero parent are told apart as before.
+    def span(i: int, trace: str, parent: str) -> dict[str, Any]:
+        return {"traceId": trace, "spanId": f"{i + 1:016x}", "parentSpanId": parent, "name": "t",
+                "startTimeUnixNano": "1", "endTimeUnixNano": "2"}  # fmt: skip
+
+    traces = ["01" + "0" * 28 + "07", "02" + "0" * 28 + "07", ("0A" + "0" * 28 + "07")]
+    parents = ["01" + "0" * 12 + "07", "02" + "0" * 12 + "07", "0" * 16]
+    spans = [span(i, traces[i % 3], parents[i % 2 if i < 6 else 2]) for i in range(8)]
+    spans += [span(i, "f" * 32, "ab" * 8) for i in (8, 9)]
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).encode()
+    got = check(body)
+    assert got is not None
+    assert [(v.trace_id[:2], v.parent_span_id and v.parent_span_id[:2]) for v in got] == [
+        ("01", "01"), ("02", "02"), ("0a", "01"), ("01", "02"), ("02", "01"), ("0a", "02"),
+        ("01", None), ("02", None), ("ff", "ab"), ("ff", "ab"),
+    ]
+    assert got[8].trace_id is got[9].trace_id and got[8].parent_span_id is got[9].parent_span_id

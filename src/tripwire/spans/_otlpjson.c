@@ -24,6 +24,7 @@ enum { OK = 0, NO = 1, PYERR = 2 }; /* NO: decline, the Python decoder answers *
 
 #define SKIP_DEPTH 64
 #define NAMES 64
+#define IDS 128 /* a power of two */
 
 typedef struct {
     ptr p, end;
@@ -42,6 +43,11 @@ typedef struct {
     ptr want_at[NAMES];
     Py_ssize_t want_len[NAMES];
     unsigned char want[NAMES];
+    /* And the str of each trace id and parent span id met lately, as written: one per trace
+     * (and per parent) and request. One table for each; a slot per id's last two characters,
+     * taken over when another id needs it. */
+    ptr id_at[2][IDS];
+    PyObject *id_str[2][IDS];
 } P;
 
 typedef struct {
@@ -701,6 +707,23 @@ static int str_value_member(P *s, Str k, void *ctx) {
     return skip(s, 0);
 }
 
+/* The stringValue of the value of a KeyValue read from just past its '{' into ea->exc_type. */
+static int exc_value(P *s, EventAttrs *ea) {
+    int e;
+    for (;;) {
+        Str key;
+        if ((e = string(s, &key)) || (e = take(s, ':'))) return e;
+        if (IS(key, "value")) {
+            if (is_null(s)) return OK;
+            StrValueCtx sv = {0, {0}};
+            if ((e = object(s, str_value_member, &sv))) return e;
+            ea->exc_type = sv.value;
+            return OK;
+        }
+        if ((e = skip(s, 0)) || (e = take(s, ','))) return e;
+    }
+}
+
 static int event_attr(P *s, void *ctx) {
     EventAttrs *ea = (EventAttrs *)ctx;
     KvCtx kv = {0, {0}, NULL, 0, 0, 0, -1, NULL};
@@ -712,21 +735,12 @@ static int event_attr(P *s, void *ctx) {
     if (ea->exc_seen || !kv.key.set || !IS(kv.key, "exception.type")) return OK;
     ea->exc_seen = 1;
     if (!(kv.seen & 2)) return OK; /* no value: no type */
-    /* The KeyValue is known good: read it again for its value's stringValue. */
-    P again = *s;
-    again.p = at + 1; /* past its '{' */
-    for (;;) {
-        Str key;
-        if ((e = string(&again, &key)) || (e = take(&again, ':'))) return e;
-        if (IS(key, "value")) {
-            if (is_null(&again)) return OK;
-            StrValueCtx sv = {0, {0}};
-            if ((e = object(&again, str_value_member, &sv))) return e;
-            ea->exc_type = sv.value;
-            return OK;
-        }
-        if ((e = skip(&again, 0)) || (e = take(&again, ','))) return e;
-    }
+    /* The KeyValue is known good: read it again, in place, for its value's stringValue. */
+    ptr resume = s->p;
+    s->p = at + 1; /* past its '{' */
+    e = exc_value(s, ea);
+    s->p = resume;
+    return e;
 }
 
 typedef struct {
@@ -888,6 +902,24 @@ static PyObject *hex_id(Str t, Py_ssize_t n, int *zero) {
     return r;
 }
 
+/* hex_id() of a trace id (table 0) or a parent span id (table 1) that is not all zeros,
+ * shared with the id met last in its slot when it is written the same. */
+static PyObject *hex_id_of(P *s, int table, Str t, Py_ssize_t n, int *zero) {
+    if (t.escaped || t.hi - t.lo != 2 * n) return NULL;
+    int i = (t.lo[2 * n - 1] + 16 * t.lo[2 * n - 2]) & (IDS - 1);
+    PyObject **slot = &s->id_str[table][i];
+    if (*slot != NULL && memcmp(s->id_at[table][i], t.lo, 2 * n) == 0) {
+        *zero = 0;
+        return Py_NewRef(*slot);
+    }
+    PyObject *r = hex_id(t, n, zero);
+    if (r != NULL && !*zero) {
+        Py_XSETREF(*slot, Py_NewRef(r)); /* the old one is a str: its release runs no Python */
+        s->id_at[table][i] = t.lo;
+    }
+    return r;
+}
+
 /* One span into `out` (a tuple whose last two items, resource and scope, are set later). */
 static int span_item(P *s, void *ctx) {
     PyObject *out = (PyObject *)ctx;
@@ -900,14 +932,14 @@ static int span_item(P *s, void *ctx) {
     if (e) goto done;
     e = NO;
     if (!sp.trace_id.set || sp.trace_id.lo == sp.trace_id.hi) goto done; /* missing: counted */
-    if ((tid = hex_id(sp.trace_id, 16, &zero)) == NULL || zero) goto fail;
+    if ((tid = hex_id_of(s, 0, sp.trace_id, 16, &zero)) == NULL || zero) goto fail;
     if (sp.span_id.set && sp.span_id.lo != sp.span_id.hi) {
         if ((sid = hex_id(sp.span_id, 8, &zero)) == NULL || zero) goto fail;
     } else if ((sid = PyUnicode_FromStringAndSize("", 0)) == NULL) {
         goto pyerr;
     }
     if (sp.parent.set && sp.parent.lo != sp.parent.hi) {
-        if ((parent = hex_id(sp.parent, 8, &zero)) == NULL) goto fail;
+        if ((parent = hex_id_of(s, 1, sp.parent, 8, &zero)) == NULL) goto fail;
         if (zero) { /* all zeros: no parent (a root), as in protobuf */
             Py_DECREF(parent);
             parent = Py_NewRef(Py_None);
@@ -1117,8 +1149,13 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     s.end = s.p + buf.len;
     s.names = 0;
     s.wants = 0;
+    memset(s.id_str, 0, sizeof s.id_str);
     int e = object(&s, request_member, &r);
     for (int i = 0; i < s.names; i++) Py_DECREF(s.name[i]);
+    for (int i = 0; i < IDS; i++) {
+        Py_XDECREF(s.id_str[0][i]);
+        Py_XDECREF(s.id_str[1][i]);
+    }
     if (!e && (!(r.seen & 1) || peek(&s) != -1)) e = NO; /* no resourceSpans, or trailing data */
     PyBuffer_Release(&buf);
     if (e) {
