@@ -65,7 +65,8 @@ NORMALIZER_SCHEME: Final = "n3r5"
 of :class:`Normalizer` don't show (r5: hex ids that start with a letter, dates with slashes,
 compound durations, memory addresses, request ids written out and temporary names are
 volatile too; n3: a ``str`` or ``float`` subclass in a mapping, such as ``numpy.float64``,
-signs as the plain value, as its JSON text does)."""
+signs as the plain value, and JSON text nested deeper than :data:`MAX_DEPTH` is cut there:
+both now sign as the same arguments given the other way, as a mapping or as JSON text)."""
 
 DEFAULT_VOLATILE_KEYS: Final = frozenset(
     {
@@ -796,7 +797,9 @@ class Normalizer:
                 payload = _canonical(obj, self.volatile_keys)
                 if payload is not None:
                     return Signature(tool, self._hash128(payload, _seed(tool, _JSON)), _JSON)
-            if len(text) < _SCAN_BELOW and _volatile_free is None:
+            if _may_nest_deeper(text):
+                obj = self._strip(obj)  # cut at MAX_DEPTH, as the same value given as a dict is
+            elif len(text) < _SCAN_BELOW and _volatile_free is None:
                 # _holds_no_volatile() for short text, inlined: the regex scan.
                 if self._needle_re.search(text) is not None or (
                     "\\" in text and any(e in text for e in self._escapes)
@@ -804,8 +807,6 @@ class Normalizer:
                     obj = self._strip(obj)
             elif not self._holds_no_volatile(obj, text):
                 obj = self._strip(obj)
-            if _may_nest_deeper(text):
-                obj = self._strip(obj)  # cut at MAX_DEPTH, as the same value given as a dict is
         try:
             payload = _encode_msgpack(obj)
         except Exception:  # the rare values MessagePack cannot hold
