@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from corpus_files import corpus_files
 from tripwire.core import signature as signature_module
 from tripwire.core.signature import DEFAULT_NORMALIZER, Normalizer
 
@@ -305,17 +305,11 @@ def test_strip_digits_by_hand() -> None:
 
 # -- the corpus: every result text -------------------------------------------------------------------
 
-CORPUS = Path(os.environ.get("TRIPWIRE_CORPUS") or Path(__file__).resolve().parents[3] / "shared" / "corpus")
-
 
 def corpus_results() -> list[bytes]:
-    if not (CORPUS / "labels.jsonl").is_file():
-        pytest.skip(f"SKIPPED LOUDLY: no labelled corpus at {CORPUS} (set TRIPWIRE_CORPUS); it is not in the repository")
     results = []
-    for line in (CORPUS / "labels.jsonl").read_text().splitlines():
-        if not line:
-            continue
-        data: Any = json.loads((CORPUS / json.loads(line)["file"]).read_text())
+    for path in corpus_files():
+        data: Any = json.loads(path.read_text())
         for rs in data.get("resourceSpans", []):
             for ss in rs.get("scopeSpans", []):
                 for span in ss.get("spans", []):

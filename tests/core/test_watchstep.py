@@ -12,9 +12,7 @@ Skips, loudly, under ``TRIPWIRE_NO_EXTENSIONS=1`` or when the module was not bui
 from __future__ import annotations
 
 import json
-import os
 from array import array
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -23,6 +21,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from compiled_only import compiled_or_skip
+from corpus_files import corpus_files
 from tripwire.core import watch
 from tripwire.core.events import ToolCall
 from tripwire.core.policy import LoopPolicy, Poll
@@ -32,8 +31,6 @@ from tripwire.core.watch import Assessment, RunState, evaluate
 from tripwire.errors import ConfigError
 
 _watchstep = compiled_or_skip("core._watchstep", "the compiled watcher bookkeeping")
-
-CORPUS = Path(os.environ.get("TRIPWIRE_CORPUS") or Path(__file__).resolve().parents[3] / "shared" / "corpus")
 
 
 def fields(state: RunState) -> dict[str, Any]:
@@ -178,13 +175,9 @@ def test_a_class_whose_fields_are_not_slots_is_refused_and_the_python_path_stays
 
 
 def corpus_sessions() -> list[list[ToolCall]]:
-    if not (CORPUS / "labels.jsonl").is_file():
-        pytest.skip(f"SKIPPED LOUDLY: no labelled corpus at {CORPUS} (set TRIPWIRE_CORPUS); it is not in the repository")
     sessions = []
-    for line in (CORPUS / "labels.jsonl").read_text().splitlines():
-        if not line:
-            continue
-        data: Any = json.loads((CORPUS / json.loads(line)["file"]).read_text())
+    for path in corpus_files():
+        data: Any = json.loads(path.read_text())
         calls = []
         for rs in data.get("resourceSpans", []):
             for ss in rs.get("scopeSpans", []):

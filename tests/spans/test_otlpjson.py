@@ -17,13 +17,13 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from corpus_files import corpus_files
 from tripwire.errors import InputError
 from tripwire.spans import otlp
 from tripwire.spans.otlp import (
@@ -370,15 +370,9 @@ def test_values_nested_to_the_cut_are_left_to_the_decoder() -> None:
 
 # -- the corpus: real recorded traces ------------------------------------------------------------
 
-CORPUS = Path(os.environ.get("TRIPWIRE_CORPUS") or Path(__file__).resolve().parents[3] / "shared" / "corpus")
-
 
 def test_every_trace_of_the_corpus_is_read_by_the_fast_path_as_the_decoder_reads_it() -> None:
-    labels = CORPUS / "labels.jsonl"
-    if not labels.is_file():
-        pytest.skip(f"SKIPPED LOUDLY: no labelled corpus at {CORPUS} (set TRIPWIRE_CORPUS); it is not in the repository")
-    files = [CORPUS / json.loads(line)["file"] for line in labels.read_text().splitlines() if line]
-    read = [check(f.read_bytes()) for f in files]
+    read = [check(f.read_bytes()) for f in corpus_files()]
     assert all(views is not None for views in read)  # what real emitters wrote: all of it
     assert sum(len(v) for v in read if v is not None) > 0
 
