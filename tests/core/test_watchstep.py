@@ -26,7 +26,7 @@ from tripwire.core import watch
 from tripwire.core.events import ToolCall
 from tripwire.core.policy import LoopPolicy, Poll
 from tripwire.core.reasons import Verdict
-from tripwire.core.signature import DEFAULT_NORMALIZER, EMPTY_RESULT
+from tripwire.core.signature import DEFAULT_NORMALIZER, EMPTY_RESULT, ArgsKind, Signature
 from tripwire.core.watch import Assessment, RunState, evaluate
 from tripwire.errors import ConfigError
 
@@ -172,6 +172,37 @@ def test_a_class_whose_fields_are_not_slots_is_refused_and_the_python_path_stays
     state, policy = RunState.new(LoopPolicy()), LoopPolicy()
     assert _watchstep.step(state, ToolCall(tool="t"), 7, 0, policy) != -1
     assert state.calls == 1
+
+
+def test_keys_that_share_their_low_64_bits_are_told_apart_and_equal_keys_found_whatever_object_holds_them() -> None:
+    # The step compares a key with the ring and ``recent`` by its low 64 bits first: keys that
+    # differ only above them must still be different calls, and an equal key held by another
+    # int object the same call.
+    policy = LoopPolicy(window=10, threshold=4, max_period=3)
+    base = 0x1234_5678_9ABC_DEF0_0FED_CBA9_8765_4321
+
+    def key(high: int) -> int:
+        return int(str(base + (high << 64)))  # a fresh object for every call
+
+    def run(highs: list[int]) -> tuple[RunState, list[Assessment | None]]:
+        fast, slow = RunState.new(policy), RunState.new(policy)
+        got = []
+        for i, high in enumerate(highs):
+            call = ToolCall(tool="search", arguments={"q": high})
+            sig = Signature(tool="search", key=key(high), kind=ArgsKind.JSON)
+            got.append(evaluate(fast, call, policy, DEFAULT_NORMALIZER, signature=sig))
+            with mock.patch.object(watch, "_step", None):
+                assert evaluate(slow, call, policy, DEFAULT_NORMALIZER, signature=sig) == got[-1]
+            assert fields(fast) == fields(slow), f"state after call {i + 1}"
+        return fast, got
+
+    state, got = run([0, 1, 2, 3, 4, 5, 6])  # seven different calls
+    assert len(state.counts) == 7 and all(a is None or a.verdict is not Verdict.STUCK for a in got)
+    state, got = run([5, 5, 5, 5])  # one call four times, each key a different object
+    assert state.counts == {key(5): 4}
+    assert got[-1] is not None and got[-1].verdict is Verdict.STUCK
+    state, got = run([1, 2, 1, 2, 1, 2, 1, 2])  # a period-2 loop of two such keys
+    assert len(state.counts) == 2 and any(a is not None and a.verdict is Verdict.STUCK for a in got)
 
 
 def corpus_sessions() -> list[list[ToolCall]]:

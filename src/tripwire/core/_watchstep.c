@@ -241,6 +241,22 @@ same(PyObject *a, PyObject *b)
     return a == b ? 1 : PyObject_RichCompareBool(a, b, Py_EQ);
 }
 
+/* item == key, for a place of the ring or of ``recent`` (an int, or None while empty) and the
+ * call's key (an exact int) whose low 64 bits are ``low``: what ``same`` answers, without the
+ * generic comparison when the answer shows sooner: an empty place, or an int whose low bits
+ * differ (the common case). */
+static inline int
+same_key(PyObject *item, PyObject *key, uint64_t low)
+{
+    if (item == key)
+        return 1;
+    if (item == Py_None)
+        return 0;
+    if (PyLong_CheckExact(item) && (uint64_t)PyLong_AsUnsignedLongLongMask(item) != low)
+        return 0;
+    return PyObject_RichCompareBool(item, key, Py_EQ);
+}
+
 /* counts[k] + delta, deleting the entry at 0; returns the new count or -1 on error. */
 static long long
 bump(PyObject *counts, PyObject *k, long long delta)
@@ -498,9 +514,10 @@ step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (set_ll(state, S_CALLS, index) < 0)
         goto error;
     const Py_ssize_t slot = (Py_ssize_t)((index - 1) % window);
+    const uint64_t low = (uint64_t)PyLong_AsUnsignedLongLongMask(key); /* an exact int: no error */
     PyObject *old = PyList_GET_ITEM(keys, slot);
     long long hits;
-    int eq = same(old, key);
+    int eq = same_key(old, key, low);
     if (eq < 0)
         goto error;
     if (eq) {
@@ -527,13 +544,13 @@ step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     const Py_ssize_t periods = PyList_GET_SIZE(recent);
     int found = 0;
     for (Py_ssize_t i = 0; i < periods && !found; i++) {
-        found = same(PyList_GET_ITEM(recent, i), key);
+        found = same_key(PyList_GET_ITEM(recent, i), key, low);
         if (found < 0)
             goto error;
     }
     if (found) {
         PyObject *runs = ST(S_RUNS);
-        int first = same(PyList_GET_ITEM(recent, 0), key);
+        int first = same_key(PyList_GET_ITEM(recent, 0), key, low);
         if (first < 0)
             goto error;
         if (PyDict_GET_SIZE(runs) != periods || !first) {
@@ -542,7 +559,7 @@ step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
                 goto error;
             PyObject *begin = NULL;
             for (Py_ssize_t p = 1; p <= periods; p++) {
-                int is = same(PyList_GET_ITEM(recent, p - 1), key);
+                int is = same_key(PyList_GET_ITEM(recent, p - 1), key, low);
                 if (is < 0)
                     goto error_fresh;
                 if (!is)
