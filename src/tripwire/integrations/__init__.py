@@ -6,8 +6,10 @@ so the core install needs none of them.
 
 Every adapter stands on :mod:`tripwire.integrations._common`: :func:`new_run` starts one run
 under one :class:`~tripwire.guard.Guard`, :class:`RunControl` is what the adapter calls around
-model and tool calls, and :class:`StoppedRun` is what the caller gets when tripwire ended the
-run. See ``docs/integrations.md`` for the table of frameworks and what a stop looks like in each.
+model and tool calls, :class:`StoppedRun` is what the caller gets when tripwire ended the
+run, and ``_common.RunSettings`` holds the settings an adapter's ``Tripwire`` takes, checked
+once. See ``docs/integrations.md`` for the table of frameworks and what a stop looks like in
+each.
 """
 
 from __future__ import annotations

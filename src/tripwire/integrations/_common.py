@@ -56,7 +56,7 @@ from tripwire.core.results import ToolResult
 from tripwire.errors import ConfigError, RunStopped
 from tripwire.guard import Guard, GuardSnapshot
 
-__all__ = ["OnLoop", "RunControl", "StoppedRun", "current_run", "new_run", "run_options"]
+__all__ = ["OnLoop", "RunControl", "RunSettings", "StoppedRun", "current_run", "new_run"]
 
 logger = logging.getLogger("tripwire.integrations")
 
@@ -419,17 +419,54 @@ def new_run(
     return RunControl(guard, agent=agent, on_receipt=on_receipt)
 
 
-def run_options(agent: str | None, **options: Any) -> dict[str, Any]:
-    """Check an adapter's per-run settings once, at construction, and return them for
-    :func:`new_run` (every adapter builds one fresh run from them per framework run).
+class RunSettings:
+    """An adapter's per-run settings, checked once, at construction: every adapter builds one
+    fresh run from them per framework run (:meth:`new_run`). The OpenAI Agents SDK, smolagents
+    and Google ADK adapters' ``Tripwire`` take exactly these.
+
+    Args:
+        limits: each run's budgets (default none: only count).
+        loop_policy: the loop watcher's policy; ``None`` switches loop detection off.
+        on_loop: ``"stop"`` (the kill switch, default) or ``"nudge"`` (one message first).
+        agent: the agent's name on receipts (default the framework agent's own name).
+        on_receipt: called once with each run's receipt (e.g. a store's ``save``).
+        partial_answer: builds a partial answer from the run state when tripwire stops a run.
+        **guard_options: further :class:`~tripwire.guard.Guard` options (``ledger``,
+            ``prices``, ``clock``, ``normalizer``).
 
     Raises:
         ConfigError: ``agent`` is not a non-empty name, ``run_id`` was given (each run gets its
             own), or a setting :func:`new_run` refuses (named).
     """
-    if agent is not None and (not isinstance(agent, str) or not agent):
-        raise ConfigError("agent", agent, "a non-empty agent name, or None")
-    if "run_id" in options:
-        raise ConfigError("run_id", options["run_id"], "one run id per run: not here")
-    new_run(**options)  # validate now, loudly, not at the first run
-    return options
+
+    def __init__(
+        self,
+        limits: Limits = NO_LIMITS,
+        *,
+        loop_policy: LoopPolicy | None = DEFAULT_POLICY,
+        on_loop: OnLoop | str = OnLoop.STOP,
+        agent: str | None = None,
+        on_receipt: ReceiptSink | None = None,
+        partial_answer: PartialAnswer | None = None,
+        **guard_options: Any,
+    ) -> None:
+        if agent is not None and (not isinstance(agent, str) or not agent):
+            raise ConfigError("agent", agent, "a non-empty agent name, or None")
+        if "run_id" in guard_options:
+            raise ConfigError("run_id", guard_options["run_id"], "one run id per run: not here")
+        options: dict[str, Any] = dict(
+            guard_options,
+            limits=limits,
+            loop_policy=loop_policy,
+            on_loop=on_loop,
+            on_receipt=on_receipt,
+            partial_answer=partial_answer,
+        )
+        new_run(**options)  # validate now, loudly, not at the first run
+        self._options = options
+        self._agent = agent
+
+    def new_run(self, agent: str = "agent") -> RunControl:
+        """A fresh run with these settings; ``agent`` is the name on the receipt unless the
+        ``agent`` option set one."""
+        return new_run(agent=self._agent or agent, **self._options)

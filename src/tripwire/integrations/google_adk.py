@@ -36,16 +36,11 @@ from collections import OrderedDict
 from typing import Any, Final
 
 from tripwire.core.budget import NO_LIMITS, Limits
-from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
 from tripwire.errors import ConfigError, RunStopped
 from tripwire.integrations._common import (
-    OnLoop,
-    PartialAnswer,
-    ReceiptSink,
     RunControl,
+    RunSettings,
     StoppedRun,
-    new_run,
-    run_options,
 )
 
 try:
@@ -73,7 +68,7 @@ def _text(response: Any) -> str | None:
     return "".join(texts) if texts else None
 
 
-class TripwirePlugin(BasePlugin):
+class TripwirePlugin(RunSettings, BasePlugin):
     """An ADK plugin that puts every invocation of its Runner under a fresh Guard.
 
     Args:
@@ -92,28 +87,10 @@ class TripwirePlugin(BasePlugin):
     """
 
     def __init__(
-        self,
-        limits: Limits = NO_LIMITS,
-        *,
-        loop_policy: LoopPolicy | None = DEFAULT_POLICY,
-        on_loop: OnLoop | str = OnLoop.STOP,
-        agent: str | None = None,
-        on_receipt: ReceiptSink | None = None,
-        partial_answer: PartialAnswer | None = None,
-        name: str = "tripwire",
-        **guard_options: Any,
+        self, limits: Limits = NO_LIMITS, *, name: str = "tripwire", **settings: Any
     ) -> None:
-        super().__init__(name=name)
-        self._options: dict[str, Any] = run_options(
-            agent,
-            limits=limits,
-            loop_policy=loop_policy,
-            on_loop=on_loop,
-            on_receipt=on_receipt,
-            partial_answer=partial_answer,
-            **guard_options,
-        )
-        self._agent = agent
+        BasePlugin.__init__(self, name=name)
+        RunSettings.__init__(self, limits, **settings)
         self._lock = threading.Lock()
         self._runs: dict[str, RunControl] = {}
         self._stopped: OrderedDict[str, StoppedRun] = OrderedDict()
@@ -126,9 +103,7 @@ class TripwirePlugin(BasePlugin):
         with self._lock:
             control = self._runs.get(invocation_id)
             if control is None:
-                control = self._runs[invocation_id] = new_run(
-                    agent=self._agent or agent, **self._options
-                )
+                control = self._runs[invocation_id] = self.new_run(agent)
             return control
 
     def stopped_run(self, invocation_id: str) -> StoppedRun | None:

@@ -44,18 +44,12 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tripwire.core.budget import NO_LIMITS, Limits
-from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
 from tripwire.core.reasons import StopReason
 from tripwire.errors import RunStopped
 from tripwire.integrations._common import (
-    OnLoop,
-    PartialAnswer,
-    ReceiptSink,
     RunControl,
+    RunSettings,
     StoppedRun,
-    new_run,
-    run_options,
 )
 
 try:
@@ -121,7 +115,6 @@ def _model_name(agent: Any) -> str | None:
 def _free_choice(*settings: ModelSettings | None) -> bool:
     """No tool choice is forced (``"required"`` or a tool name) by any of ``settings``."""
     return all(s is None or s.tool_choice in (None, "auto") for s in settings)
-
 
 
 class TripwireHooks(RunHooks[Any]):
@@ -315,7 +308,7 @@ class TripwireHooks(RunHooks[Any]):
         return RunErrorHandlerResult(final_output=self._answer or "")
 
 
-class Tripwire:
+class Tripwire(RunSettings):
     """Runs OpenAI Agents SDK agents under tripwire: one fresh Guard per :meth:`run`.
 
     Args:
@@ -331,33 +324,6 @@ class Tripwire:
     Raises:
         ConfigError: a setting is invalid (names the field).
     """
-
-    def __init__(
-        self,
-        limits: Limits = NO_LIMITS,
-        *,
-        loop_policy: LoopPolicy | None = DEFAULT_POLICY,
-        on_loop: OnLoop | str = OnLoop.STOP,
-        agent: str | None = None,
-        on_receipt: ReceiptSink | None = None,
-        partial_answer: PartialAnswer | None = None,
-        **guard_options: Any,
-    ) -> None:
-        self._options: dict[str, Any] = run_options(
-            agent,
-            limits=limits,
-            loop_policy=loop_policy,
-            on_loop=on_loop,
-            on_receipt=on_receipt,
-            partial_answer=partial_answer,
-            **guard_options,
-        )
-        self._agent = agent
-
-    def new_run(self, agent: str = "agent") -> RunControl:
-        """A fresh run with these settings (what :meth:`run` uses); ``agent`` is the name on
-        the receipt unless the ``agent`` option set one."""
-        return new_run(agent=self._agent or agent, **self._options)
 
     async def run(
         self,

@@ -38,17 +38,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from tripwire.core.budget import NO_LIMITS, Limits
-from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
 from tripwire.core.reasons import StopReason
 from tripwire.errors import ConfigError, RunStopped
 from tripwire.integrations._common import (
-    OnLoop,
-    PartialAnswer,
-    ReceiptSink,
     RunControl,
+    RunSettings,
     StoppedRun,
-    new_run,
-    run_options,
 )
 
 try:
@@ -165,7 +160,6 @@ class _AgentRuns:
             step.observations = f"{step.observations}\n{wrap}" if step.observations else wrap
 
 
-
 class GuardedTool(Tool):  # type: ignore[misc]
     """A smolagents ``Tool`` that asks tripwire before running the tool it wraps.
 
@@ -222,7 +216,7 @@ class GuardedTool(Tool):  # type: ignore[misc]
         return result
 
 
-class Tripwire:
+class Tripwire(RunSettings):
     """Puts smolagents agents under tripwire: one fresh Guard per run of each agent.
 
     Args:
@@ -239,34 +233,10 @@ class Tripwire:
         ConfigError: a setting is invalid (names the field).
     """
 
-    def __init__(
-        self,
-        limits: Limits = NO_LIMITS,
-        *,
-        loop_policy: LoopPolicy | None = DEFAULT_POLICY,
-        on_loop: OnLoop | str = OnLoop.STOP,
-        agent: str | None = None,
-        on_receipt: ReceiptSink | None = None,
-        partial_answer: PartialAnswer | None = None,
-        **guard_options: Any,
-    ) -> None:
-        self._options: dict[str, Any] = run_options(
-            agent,
-            limits=limits,
-            loop_policy=loop_policy,
-            on_loop=on_loop,
-            on_receipt=on_receipt,
-            partial_answer=partial_answer,
-            **guard_options,
-        )
-        self._agent = agent
+    def __init__(self, limits: Limits = NO_LIMITS, **settings: Any) -> None:
+        super().__init__(limits, **settings)
         self._lock = threading.Lock()
         self._agents: dict[int, _AgentRuns] = {}
-
-    def new_run(self, agent: str = "agent") -> RunControl:
-        """A fresh run with these settings; ``agent`` is the name on the receipt unless the
-        ``agent`` option set one."""
-        return new_run(agent=self._agent or agent, **self._options)
 
     def attach(self, agent: Any) -> Any:
         """Put ``agent`` under tripwire, in place: wrap its tools, register the step callback.
