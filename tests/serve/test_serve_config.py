@@ -4,6 +4,8 @@ real CLI."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import time
 from pathlib import Path
@@ -34,11 +36,23 @@ def _config(tmp_path: Path, port: int, extra: str = "") -> Path:
     return path
 
 
-def _listening(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
+def _listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on (Linux ``/proc``): its own sockets, so that
+    another program that happens to take one of the test's free ports later cannot fail it."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # a descriptor closed while it is read
+            link = os.readlink(fd)
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def test_the_serve_section_configures_the_service(tmp_path: Path) -> None:
@@ -78,13 +92,13 @@ def test_option_over_variable_over_file(tmp_path: Path) -> None:
     proc = serve_process(["--config", str(path)], env={"TRIPWIRE_PORT": str(env_port)})
     try:
         wait_ready(env_port, proc)
-        assert not _listening(file_port)
+        assert _listening_ports(proc.pid) == {env_port}
     finally:
         stop(proc)
     proc = serve_process(["--config", str(path), "--port", str(cli_port)], env={"TRIPWIRE_PORT": str(env_port)})
     try:
         wait_ready(cli_port, proc)
-        assert not _listening(env_port) and not _listening(file_port)
+        assert _listening_ports(proc.pid) == {cli_port}
     finally:
         stop(proc)
     # TRIPWIRE_CONFIG names the file as --config does.
