@@ -36,7 +36,7 @@ from typing import Any, Final, Literal
 from tripwire.core.reasons import Rule, StopReason
 from tripwire.errors import BudgetExceeded, ConfigError, LoopDetected, RunStopped
 
-__all__ = ["RemoteKill", "check", "connect", "disconnect", "exception_for"]
+__all__ = ["RemoteKill", "check", "connect", "current", "disconnect", "exception_for"]
 
 logger = logging.getLogger("tripwire.remote")
 
@@ -117,6 +117,10 @@ class RemoteKill:
         self._stop = threading.Event()
         self._down_since: float | None = None
         self._warned = False
+        self._refused_status: int | None = None
+        """The HTTP status (401/403) of the service's last refusal of the token, until a
+        request is accepted again."""
+        self._warned_refused = False
         self._thread = threading.Thread(target=self._run, name="tripwire-remote", daemon=True)
         self._thread.start()
 
@@ -125,37 +129,60 @@ class RemoteKill:
     def check(self, trace_id: str | int) -> None:
         """Raise the run's stop if the service flagged it. One dict lookup; no network.
 
+        The trace id is watched from now on (its flag is read by the background thread).
+
         Raises:
             LoopDetected: the service judged the run stuck (or :class:`BudgetExceeded` for a
-                bound, or with ``fail_closed`` when the channel is down past ``grace_s``).
+                bound or an operator's kill, or with ``fail_closed`` when the channel is down
+                past ``grace_s``).
             ConfigError: ``trace_id`` is not a trace id (an int of at most 128 bits or 32 hex
-                characters): a run checked under another id would never be stopped.
+                characters): a run checked under another id would never be stopped; or the
+                service refused this process's token (HTTP 401/403, see :meth:`lookup`).
+        """
+        flag = self.lookup(trace_id)
+        if flag is not None:
+            raise exception_for(flag)
+
+    def lookup(self, trace_id: str | int) -> dict[str, Any] | None:
+        """The run's flag JSON if the service raised one, else ``None``; watches the trace id.
+
+        No network: a dict lookup (and, the first time, adding the id to the watched set).
+
+        Raises:
+            BudgetExceeded: ``fail_closed`` and the channel has been unreachable past
+                ``grace_s`` (reason ``user_cancelled``).
+            ConfigError: the service refused this process's token (HTTP 401/403): a refusal
+                is a setting to fix, not an outage, so ``fail_open`` does not let the run go
+                on unprotected; or ``trace_id`` is not a trace id.
         """
         tid = _hex(trace_id)
         flag = self._flags.get(tid)
-        if flag is None:
-            if tid not in self._watched:
-                with self._lock:
-                    self._watched[tid] = None
-                    while len(self._watched) > MAX_WATCHED:
-                        self._watched.popitem(last=False)
-            down = self._down_since
-            if (
-                self.on_unavailable == "fail_closed"
-                and down is not None
-                and time.monotonic() - down > self.grace_s
-            ):
-                raise BudgetExceeded(
-                    "the fleet service's kill channel is unreachable and this agent is set to "
-                    "fail_closed: stopping the run (set on_unavailable='fail_open' to go on)",
-                    reason=StopReason.USER_CANCELLED,
-                    limit_name="kill_channel",
-                    limit=self.grace_s,
-                    observed=time.monotonic() - down,
-                    level="stop",
-                )
-            return
-        raise exception_for(flag)
+        if flag is not None:
+            return flag
+        if tid not in self._watched:
+            with self._lock:
+                self._watched[tid] = None
+                while len(self._watched) > MAX_WATCHED:
+                    self._watched.popitem(last=False)
+        refused = self._refused_status
+        if refused is not None:
+            raise ConfigError("TRIPWIRE_TOKEN", _token_state(self.token, refused), _accepted(self.url))
+        down = self._down_since
+        if (
+            self.on_unavailable == "fail_closed"
+            and down is not None
+            and time.monotonic() - down > self.grace_s
+        ):
+            raise BudgetExceeded(
+                "the fleet service's kill channel is unreachable and this agent is set to "
+                "fail_closed: stopping the run (set on_unavailable='fail_open' to go on)",
+                reason=StopReason.USER_CANCELLED,
+                limit_name="kill_channel",
+                limit=self.grace_s,
+                observed=time.monotonic() - down,
+                level="stop",
+            )
+        return None
 
     def flagged(self, trace_id: str | int) -> dict[str, Any] | None:
         """The run's flag JSON if one is up (no network)."""
@@ -177,8 +204,13 @@ class RemoteKill:
                     self._http_loop()
             except Exception as exc:
                 # The channel's own boundary: nothing here may kill the thread silently or
-                # reach the agent. Mark the channel down, log once, retry after a pause.
-                self._down(exc)
+                # reach the agent. A refused token is said as such; anything else marks the
+                # channel down. Log once, retry after a pause.
+                status = getattr(getattr(exc, "response", None), "status_code", None)
+                if status in (401, 403):
+                    self._refused(status)
+                else:
+                    self._down(exc)
                 self._stop.wait(min(self.poll_s * 4, 2.0))
 
     def _redis_loop(self) -> None:
@@ -250,9 +282,34 @@ class RemoteKill:
         _raise_local(tid, payload)
 
     def _up(self) -> None:
+        """The channel answered (call after a request the service accepted)."""
         if self._down_since is not None:
             logger.warning("tripwire kill channel reachable again")
         self._down_since = None
+        if self._refused_status is not None:
+            logger.warning("tripwire kill channel: the service accepts the token again")
+            self._refused_status = None
+            self._warned_refused = False
+
+    def _refused(self, status: int) -> None:
+        """The service refused the token (HTTP ``status``, 401 or 403): not an outage.
+
+        A channel loop calls it on such an answer (instead of raising), then waits as after
+        an outage. Logged once, as an auth refusal naming ``TRIPWIRE_TOKEN``; until a request
+        is accepted again (:meth:`_up`), :meth:`check` raises
+        :class:`~tripwire.errors.ConfigError`, whatever ``on_unavailable`` says.
+        """
+        self._refused_status = status
+        self._down_since = None
+        if not self._warned_refused:
+            self._warned_refused = True
+            logger.error(
+                "tripwire kill channel: the service at %s refused the token (HTTP %d): set "
+                "TRIPWIRE_TOKEN (or connect(token=...)) to a token `tripwire serve` accepts; "
+                "until then tripwire.remote.check() raises ConfigError (logged once)",
+                self.url,
+                status,
+            )
 
     def _down(self, exc: Exception) -> None:
         if self._down_since is None:
@@ -268,6 +325,11 @@ class RemoteKill:
 
 _DEFAULT: RemoteKill | None = None
 _DEFAULT_LOCK = threading.Lock()
+_ENV_READ = False
+"""Whether :func:`current` has looked for a channel in the environment (once per connect)."""
+
+PROBE_TIMEOUT_S: Final = 2.0
+"""How long :func:`connect` waits for the service's answer to its one token probe."""
 
 
 def connect(
@@ -281,37 +343,118 @@ def connect(
     """Start (once) the process-wide kill-channel cache; later calls return the same one.
 
     Without arguments, ``TRIPWIRE_REDIS_URL`` or ``TRIPWIRE_URL`` (and ``TRIPWIRE_TOKEN``) name
-    the channel.
-    """
-    import os
+    the channel. With the service's URL, one short request (at most
+    :data:`PROBE_TIMEOUT_S`) asks whether the service accepts the token: a refusal fails
+    here, not silently later; an unreachable service is an outage (``on_unavailable``).
 
+    Raises:
+        ConfigError: no channel named (or both), a setting is invalid, or the service
+            refused the token (HTTP 401/403; the message names ``TRIPWIRE_TOKEN``, never the
+            token).
+    """
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is not None:
             return _DEFAULT
-        if redis_url is None and url is None:
-            redis_url = os.environ.get("TRIPWIRE_REDIS_URL") or None
-            url = None if redis_url else (os.environ.get("TRIPWIRE_URL") or None)
-        if token is None:
-            token = os.environ.get("TRIPWIRE_TOKEN") or None
+        redis_url, url, token = _settings(redis_url, url, token)
+        if url is not None and redis_url is None:
+            _probe(url, token)
         _DEFAULT = RemoteKill(
             redis_url=redis_url, url=url, token=token, poll_s=poll_s, on_unavailable=on_unavailable
         )
         return _DEFAULT
 
 
-def disconnect() -> None:
-    """Stop the process-wide cache started by :func:`connect` (tests, shutdown)."""
-    global _DEFAULT
+def current() -> RemoteKill | None:
+    """The process-wide channel: the one :func:`connect` started, else one the environment
+    names (``TRIPWIRE_REDIS_URL`` or ``TRIPWIRE_URL``, with ``TRIPWIRE_TOKEN``), started on
+    first use without waiting on the network; ``None`` when neither.
+
+    The environment is read once (until :func:`disconnect`); an invalid setting there is
+    logged once and leaves the process without a channel rather than failing the agent.
+    """
+    remote = _DEFAULT
+    if remote is not None or _ENV_READ:
+        return remote
+    return _from_environment()
+
+
+def _from_environment() -> RemoteKill | None:
+    global _DEFAULT, _ENV_READ
     with _DEFAULT_LOCK:
+        if _DEFAULT is not None or _ENV_READ:
+            return _DEFAULT
+        _ENV_READ = True
+        redis_url, url, token = _settings(None, None, None)
+        if redis_url is None and url is None:
+            return None
+        try:
+            _DEFAULT = RemoteKill(redis_url=redis_url, url=url, token=token)
+        except ConfigError as exc:
+            logger.error("tripwire kill channel not started from the environment: %s", exc)
+            return None
+        return _DEFAULT
+
+
+def _settings(
+    redis_url: str | None, url: str | None, token: str | None
+) -> tuple[str | None, str | None, str | None]:
+    import os
+
+    if redis_url is None and url is None:
+        redis_url = os.environ.get("TRIPWIRE_REDIS_URL") or None
+        url = None if redis_url else (os.environ.get("TRIPWIRE_URL") or None)
+    if token is None:
+        token = os.environ.get("TRIPWIRE_TOKEN") or None
+    return redis_url, url, token
+
+
+def _probe(url: str, token: str | None) -> None:
+    """One request to the service: raise ConfigError if it refuses the token."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.post(
+            url.rstrip("/") + "/api/flags",
+            json={"trace_ids": []},
+            headers=headers,
+            timeout=PROBE_TIMEOUT_S,
+        )
+    except httpx.HTTPError as exc:  # an outage, not a refusal: on_unavailable decides later
+        logger.warning("tripwire kill channel: %s did not answer the token probe (%s)", url,
+                       type(exc).__name__)  # fmt: skip
+        return
+    if response.status_code in (401, 403):
+        raise ConfigError(
+            "TRIPWIRE_TOKEN", _token_state(token, response.status_code), _accepted(url)
+        )
+
+
+def _token_state(token: str | None, status: int) -> str:
+    """What is wrong with the token, for a message (never the token itself)."""
+    return f"<not set: HTTP {status}>" if not token else f"<refused: HTTP {status}>"
+
+
+def _accepted(url: str | None) -> str:
+    return f"a bearer token the service at {url} accepts (one of its TRIPWIRE_TOKEN or --token-file)"
+
+
+def disconnect() -> None:
+    """Stop the process-wide cache started by :func:`connect` (tests, shutdown); the
+    environment is read again at the next :func:`current`."""
+    global _DEFAULT, _ENV_READ
+    with _DEFAULT_LOCK:
+        _ENV_READ = False
         if _DEFAULT is not None:
             _DEFAULT.close()
             _DEFAULT = None
 
 
 def check(trace_id: str | int) -> None:
-    """Raise the run's stop if the fleet service flagged it (no-op before :func:`connect`)."""
-    remote = _DEFAULT
+    """Raise the run's stop if the fleet service flagged it (no-op without a channel:
+    neither :func:`connect` nor the environment named one)."""
+    remote = current()
     if remote is not None:
         remote.check(trace_id)
 

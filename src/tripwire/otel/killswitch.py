@@ -44,6 +44,7 @@ from typing import Final
 
 from opentelemetry import trace as trace_api
 
+from tripwire import remote as _remote
 from tripwire.core.budget import RunCounters, Stop
 from tripwire.core.reasons import StopReason, stop_reason_for
 from tripwire.core.watch import Assessment
@@ -387,12 +388,29 @@ def check(trace_id: int | str | None = None, *, tool: str | None = None) -> None
     call, pass ``tool=`` its name so a per-tool cap that was reached refuses it. Cheap: a
     context read and a dict lookup.
 
+    With the fleet service's kill channel (:func:`tripwire.remote.connect`, or
+    ``TRIPWIRE_REDIS_URL`` / ``TRIPWIRE_URL`` in the environment), the service's flag of the
+    run stops it too: the check hands the trace id to the channel, which watches it from then
+    on (no network on this path).
+
     Raises:
         LoopDetected: the run was judged ``stuck``; its fields say which rule, tool and call.
         BudgetExceeded: the run reached a budget limit (or, with ``tool``, that tool's cap);
-            ``reason``, ``limit_name``, ``limit`` and ``observed`` say which.
+            ``reason``, ``limit_name``, ``limit`` and ``observed`` say which; or an operator
+            killed it (``user_cancelled``).
+        ConfigError: the fleet service refused this process's token (see
+            :mod:`tripwire.remote`).
     """
+    if trace_id is None:
+        ctx = trace_api.get_current_span().get_span_context()
+        trace_id = ctx.trace_id if ctx.is_valid else _ACTIVE_RUN.get()
+        if trace_id is None:
+            _no_run_found()
+            return
     KILL_FLAGS.check(trace_id, tool=tool)
+    remote = _remote.current()
+    if remote is not None:
+        remote.check(trace_id)  # also watches the trace: the URL channel reads its flag
 
 
 def clear(trace_id: int | str) -> bool:
