@@ -124,7 +124,7 @@ def test_invalid_settings_raise_config_error() -> None:
 
 
 def test_policy_exposes_the_version() -> None:
-    assert LoopDetector().policy.version.startswith("p3:detector:")
+    assert LoopDetector().policy.version.startswith("p4:detector:")
     assert LoopDetector().policy.version == LoopDetector().policy.version
     assert LoopDetector(threshold=3).policy.version != LoopDetector().policy.version
 

@@ -93,7 +93,7 @@ def test_json_lines_one_object_per_trace(traces: Path) -> None:
     assert loop["first_trip"]["hits"] == 4
     assert loop["calls_after_trip"] == 4
     assert loop["arguments_seen"] is True
-    assert loop["policy_version"].startswith("p3:default:")
+    assert loop["policy_version"].startswith("p4:default:")
     assert loop["normalizer_version"]
     work = by_id[f"{2:032x}"]
     assert (work["verdict"], work["first_trip"], work["calls_after_trip"]) == ("working", None, 0)

@@ -117,7 +117,7 @@ def test_retry_table_is_copied_and_read_only() -> None:
 
 def test_version_is_stable_and_tracks_every_setting() -> None:
     assert LoopPolicy().version == LoopPolicy().version == DEFAULT_POLICY.version
-    assert DEFAULT_POLICY.version.startswith("p3:default:")
+    assert DEFAULT_POLICY.version.startswith("p4:default:")
     changed = {
         LoopPolicy(threshold=3).version,
         LoopPolicy(window=12).version,
@@ -130,7 +130,7 @@ def test_version_is_stable_and_tracks_every_setting() -> None:
     }
     assert DEFAULT_POLICY.version not in changed
     assert len(changed) == 8
-    assert LoopPolicy(name="mine").version.startswith("p3:mine:")
+    assert LoopPolicy(name="mine").version.startswith("p4:mine:")
 
 
 def test_evolve_validates_again() -> None:

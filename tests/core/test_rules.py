@@ -141,7 +141,11 @@ def test_only_the_first_entry_of_a_group_counts() -> None:
 # -- a check run between changes (p3) ----------------------------------------------------------
 
 
-def _check_run(between: list[tuple[str, str, str | None]], check_result: str = "FAILED test_x: 3 != 4") -> list[ToolCall]:
+def _check_run(
+    between: list[tuple[str, str, str | None]],
+    check_result: str = "FAILED test_x: 3 != 4",
+    check_error: str | None = None,
+) -> list[ToolCall]:
     """``pytest`` four times, each time after the calls ``between[i]`` (tool, argument, error)."""
     calls: list[ToolCall] = []
     digest = DEFAULT_NORMALIZER.result_digest(check_result)
@@ -156,7 +160,7 @@ def _check_run(between: list[tuple[str, str, str | None]], check_result: str = "
                     error_type=error,
                 )
             )
-        calls.append(ToolCall(tool="pytest", arguments={"k": "x"}, result_digest=digest))
+        calls.append(ToolCall(tool="pytest", arguments={"k": "x"}, result_digest=digest, error_type=check_error))
     return calls
 
 
@@ -183,9 +187,29 @@ def test_a_check_after_failed_changes_or_one_that_found_nothing_is_stuck() -> No
     missing = _check_run(
         [("edit", "one", None), ("edit", "two", None), ("edit", "three", None)],
         check_result="/bin/bash: line 3: javac: command not found",
+        check_error="command_not_found",
     )
     assert DEFAULT_NORMALIZER.result_digest("/bin/bash: line 3: javac: command not found") == EMPTY_RESULT
-    assert run(DEFAULT_POLICY, missing).verdict is Verdict.STUCK
+    got = run(DEFAULT_POLICY, missing)
+    assert (got.verdict, got.rule, got.call_index) == (Verdict.STUCK, Rule.REPETITION, 7)
+
+
+def test_a_check_that_prints_nothing_is_still_a_check() -> None:
+    # A script that succeeds silently, rerun after each of three different edits: working.
+    edits = [("edit", "one", None), ("edit", "two", None), ("edit", "three", None)]
+    for silent in ("", None):
+        got = run(DEFAULT_POLICY, _check_run(edits, check_result=silent))  # type: ignore[arg-type]
+        assert got.verdict is Verdict.WORKING, silent
+        assert got.rule is Rule.REPETITION and "check between changes" in got.reason
+    # The same silent check back to back, or after the same edit again, is still stuck at the 4th.
+    silent_back_to_back = [
+        ToolCall(tool="pytest", arguments={"k": "x"}, result_digest=DEFAULT_NORMALIZER.result_digest(""))
+        for _ in range(4)
+    ]
+    got = run(DEFAULT_POLICY, silent_back_to_back)
+    assert (got.verdict, got.call_index) == (Verdict.STUCK, 4)
+    same_edit = _check_run([("edit", "one", None), ("edit", "one", None), ("edit", "two", None)], check_result="")
+    assert run(DEFAULT_POLICY, same_edit).verdict is Verdict.STUCK
 
 
 def test_the_seed_rule_keeps_no_evidence_for_checks() -> None:

@@ -28,11 +28,12 @@ __all__ = [
     "RetryPolicy",
 ]
 
-POLICY_SCHEME: Final = "p3"
+POLICY_SCHEME: Final = "p4"
 """Bump when what a rule computes changes in a way the fields do not show (p2: same_result counts
 only results that found nothing; in-order replays of a stretch count as revisits late; declared
 polls. p3: a call repeated as a check between changes, each time after a call made once in the
-window, is working under the repetition rule)."""
+window, is working under the repetition rule. p4: such a check is one also when it prints
+nothing, unless it failed)."""
 
 
 class KeyMode(str, Enum):

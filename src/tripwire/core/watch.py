@@ -31,7 +31,8 @@ For the repetition and period rules a changed result is evidence even when the c
 
 A call repeated with the same result as a check between changes (each repeat after a call made
 once in the window that did not fail: edit, rerun, another edit, rerun) is ``working`` under the
-repetition rule, unless the check found nothing (see :func:`_checks_between_changes`).
+repetition rule, also when the check prints nothing, unless it failed with nothing to say
+("command not found"; see :func:`_checks_between_changes`).
 
 A declared poll (:attr:`LoopPolicy.polls`) repeating with the same result is ``waiting``
 until its maximum wait, then ``stuck``; checked right after the lease.
@@ -1042,24 +1043,27 @@ def _decide(
 
 def _checks_between_changes(state: RunState, slots: list[int], window: int) -> bool:
     """True when a repeated call is a check run between changes, not a loop: every repeat got a
-    result that says something (not an empty one), and between each two repeats came a call
-    that succeeded and occurs only once in the window (edit, rerun the same test, another edit,
-    rerun). The action sequence does not repeat, only the check does.
+    result, and between each two repeats came a call that succeeded and occurs only once in the
+    window (edit, rerun the same test, another edit, rerun). The action sequence does not
+    repeat, only the check does.
 
-    A check that found nothing (no output, "command not found") is not one: editing around a
-    missing compiler is fighting the environment. Whether the check failed does not matter (a
+    A check is a check even when it prints nothing: a script or test that succeeds silently is
+    still checked after each change. A check that *failed* with nothing to say ("command not
+    found", recorded as a failure with an empty result) is not one: editing around a missing
+    compiler is fighting the environment. Otherwise whether the check failed does not matter (a
     test that still fails after a new edit is the agent working on it); failing streaks are the
     ``same_error`` and ``failures`` rules' job. Decided on the recorded runs (docs/policy.md).
     """
     results = state.results
     if results is None:
         return False
+    marks = state.marks
     for s in slots:
-        if results[s] == 0 or results[s] == _EMPTY:
+        r = results[s]
+        if r == 0 or (r == _EMPTY and marks is not None and marks[s] & 1):
             return False
     keys = state.keys
     counts = state.counts
-    marks = state.marks
     for a, b in pairwise(slots):
         s = (a + 1) % window
         while s != b:
