@@ -227,3 +227,37 @@ def test_no_trace_in_the_input_has_its_own_exit_code(corpus: Path, tmp_path: Pat
     result = runner.invoke(app, ["calibrate", str(empty), "--labels", str(corpus / "labels.jsonl")])
     assert result.exit_code == 3, result.output
     assert "no traces in the input" in result.stderr
+
+
+def test_a_threshold_that_breaks_the_4th_call_promise_is_marked_not_recommended(corpus: Path) -> None:
+    args = ["calibrate", str(corpus), "--labels", str(corpus / "labels.jsonl"), "--thresholds", "3,4", *GRID]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["threshold"]: r for r in _lines(result.stdout)}
+    # Both catch both incidents with no false alarm; 3 flags sooner, but stops the 3rd call.
+    assert rows[3]["caught"] == rows[4]["caught"] == 2 and rows[3]["median_delay"] < rows[4]["median_delay"]
+    assert (rows[3]["ships"], rows[3]["recommended"]) == (False, False)
+    assert rows[3]["caveat"] == "threshold 3 stops an identical call before the 4th"
+    assert (rows[4]["ships"], rows[4]["caveat"], rows[4]["recommended"]) == (True, "", True)
+    table = runner.invoke(app, args)
+    assert "recommended: --key tool+args --window 10 --threshold 4 --max-period off" in table.stdout
+    assert "✗" in table.stdout and "not recommended without --any-setting" in table.stdout
+    asked = runner.invoke(app, [*args, "--any-setting"])
+    assert asked.exit_code == 0, asked.output
+    assert "recommended: --key tool+args --window 10 --threshold 3 --max-period off" in asked.stdout
+    assert "✗ threshold 3 stops an identical call before the 4th" in asked.stdout
+
+
+def test_only_settings_that_break_a_promise_under_the_cap_exits_1_and_says_so(corpus: Path) -> None:
+    # Counting "other" runs as healthy, threshold 4 flags one; only threshold 9 (which lets the
+    # 4th identical call run) stays under a cap of 0.
+    args = ["calibrate", str(corpus), "--labels", str(corpus / "labels.jsonl"), "--json",
+            "--thresholds", "4,9", "--healthy-label", "healthy", "--healthy-label", "other",
+            "--max-false-alarms", "0", *GRID]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    rows = {r["threshold"]: r for r in _lines(result.stdout)}
+    assert rows[9]["false_alarms"] == 0 and rows[9]["ships"] is False and not rows[9]["recommended"]
+    assert "--any-setting" in result.stderr and "threshold 9 lets the 4th identical call run" in result.stderr
+    asked = runner.invoke(app, [*args, "--any-setting"])
+    assert asked.exit_code == 0, asked.output

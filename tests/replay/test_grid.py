@@ -76,19 +76,46 @@ def _labelled(tmp_path: Path) -> list:
 def test_recommendation_under_the_cap(tmp_path: Path) -> None:
     pairs = _labelled(tmp_path)
     grid = policy_grid(BASE, windows=[10], thresholds=[4, 5, 6], keys=[KeyMode.TOOL_ARGS], max_periods=[None])
-    result = calibrate(pairs, grid, max_false_alarms=0.0)
+    result = calibrate(pairs, grid, max_false_alarms=0.0, shippable_only=False)
     # threshold 4: catches both incidents (8 and 6 calls) but flags healthy trace 4 (5 calls);
     # 5: both incidents, and trace 4 too (5 identical calls); 6: both incidents, no alarm.
     got = [(s.caught, s.false_alarms) for s in result.scores]
     assert got == [(2, 1), (2, 1), (2, 0)]
     assert result.recommended == 2
     assert [s.recommended for s in result.scores] == [False, False, True]
+    assert [s.ships for s in result.scores] == [True, False, False]
+    assert result.scores[2].caveat == "threshold 6 lets the 4th identical call run"
     # Delays at threshold 6: trip at call 6 in both; began at 1 and 3: 5 and 3.
     assert result.scores[2].median_delay == 4.0
     # Saved: (8-6) + (6-6) of 14 incident calls.
     assert result.scores[2].saved_share == pytest.approx(2 / 14)
     # Cut at threshold 4: trace 4 trips at call 4 of 5, healthy calls 12 + 5.
     assert result.scores[0].cut_share == pytest.approx(1 / 17)
+
+
+def test_a_setting_that_breaks_a_promise_is_marked_and_not_recommended_unless_asked(tmp_path: Path) -> None:
+    pairs = _labelled(tmp_path)
+    grid = policy_grid(BASE, windows=[10], thresholds=[3, 4, 6], keys=list(KeyMode), max_periods=[None])
+    caveats = {(s.policy.key, s.policy.threshold): s.caveat for s in calibrate(pairs, grid).scores}
+    assert caveats[(KeyMode.TOOL_ARGS, 4)] == ""
+    assert caveats[(KeyMode.TOOL_ARGS, 3)] == "threshold 3 stops an identical call before the 4th"
+    assert caveats[(KeyMode.TOOL, 4)] == "key 'tool' counts a batch of different calls to one tool as a loop"
+    assert caveats[(KeyMode.TOOL, 3)].startswith("threshold 3 stops") and "key 'tool'" in caveats[(KeyMode.TOOL, 3)]
+    # Under a cap of 0 only threshold 6 flags no healthy trace: not recommended as is...
+    strict = calibrate(pairs, grid, max_false_alarms=0.0)
+    assert strict.recommended is None and not any(s.recommended for s in strict.scores)
+    assert any(s.false_alarms == 0 and not s.ships for s in strict.scores)
+    # ... but when asked; and with a looser cap the shippable threshold 4 is the one.
+    asked = calibrate(pairs, grid, max_false_alarms=0.0, shippable_only=False)
+    assert asked.recommended is not None and asked.scores[asked.recommended].policy.threshold == 6
+    loose = calibrate(pairs, grid, max_false_alarms=0.5)
+    assert loose.recommended is not None
+    best = loose.scores[loose.recommended]
+    assert (best.policy.key, best.policy.threshold, best.ships) == (KeyMode.TOOL_ARGS, 4, True)
+    # The looser cap would have taken threshold 3 (it catches as many, sooner) had it been allowed.
+    free = calibrate(pairs, grid, max_false_alarms=0.5, shippable_only=False)
+    assert free.recommended is not None and free.scores[free.recommended].policy.threshold == 3
+    assert best.to_json()["ships"] is True and best.to_json()["caveat"] == ""
 
 
 def test_workers_give_the_same_result(tmp_path: Path) -> None:

@@ -48,7 +48,10 @@ _HELP = "\n\n".join(
         "calls after the incident began (call 1 when not labelled), median first flag as a "
         "share of the trace, and the share of the incidents' calls after the first flag (what "
         "stopping there saves). ★ marks the Pareto front, → the recommendation: the most "
-        "catches with false alarms under --max-false-alarms.",
+        "catches with false alarms under --max-false-alarms, among the settings that keep "
+        "tripwire's promises (the 4th identical call is the one stopped; a batch of different "
+        "calls to one tool is not a loop). ✗ marks a row that breaks one, with why; it is "
+        "recommended only with --any-setting.",
         "With --line-alpha, it also learns a step line per agent (or per source, --line-per): "
         "the tool-call count that healthy runs exceed with probability at most alpha "
         "(split-conformal over the labelled healthy runs), and --write-limits writes it as "
@@ -182,6 +185,14 @@ def calibrate(
             help="The highest share of healthy traces the recommended policy may flag.",
         ),
     ] = 0.02,
+    any_setting: Annotated[
+        bool,
+        typer.Option(
+            "--any-setting", envvar="TRIPWIRE_ANY_SETTING",
+            help="Also recommend a setting that breaks a promise of the loop rules (a threshold "
+            "other than 4, the 'tool' key); such rows are marked ✗ either way.",
+        ),
+    ] = False,
     json_out: JsonOut = False,
     max_file_size: MaxFileSize = None,
     plot: Annotated[
@@ -329,6 +340,7 @@ def calibrate(
                 max_false_alarms=max_false_alarms,
                 workers=n_workers,
                 on_policy=lambda done: progress.update(task, completed=done),
+                shippable_only=not any_setting,
             )
         except ConfigError as exc:
             abort_plain(str(exc))
@@ -366,6 +378,14 @@ def calibrate(
             code=EXIT_USAGE,
         )
     if result.recommended is None:
+        under = [s for s in result.scores if s.false_alarm_rate <= max_false_alarms + 1e-12]
+        if under:
+            abort_plain(
+                f"only settings that break a promise of the loop rules (marked ✗: {under[0].caveat}) "
+                f"flag at most {max_false_alarms:.1%} of healthy traces; raise --max-false-alarms, "
+                "try larger --windows, or pass --any-setting to have one recommended anyway",
+                code=EXIT_DETECTED,
+            )
         abort_plain(
             f"no policy flags at most {max_false_alarms:.1%} of healthy traces; raise "
             "--max-false-alarms, or try larger --thresholds / --windows",
@@ -403,7 +423,10 @@ def _table(result: object, order: list[int]) -> None:
 
     assert isinstance(result, Calibration)
     table = Table(
-        title=f"calibrate · false-alarm cap {result.max_false_alarms:.1%} · ★ Pareto front · → recommended",
+        title=(
+            f"calibrate · false-alarm cap {result.max_false_alarms:.1%} · ★ Pareto front · → recommended"
+            " · ✗ breaks a promise"
+        ),
         title_justify="left",
     )
     for name, justify in (
@@ -422,8 +445,8 @@ def _table(result: object, order: list[int]) -> None:
     for i in order:
         s = result.scores[i]
         p = s.policy
-        mark = ("→" if s.recommended else " ") + ("★" if s.pareto else " ")
-        style = "bold green" if s.recommended else ("bold" if s.pareto else "")
+        mark = ("→" if s.recommended else " ") + ("★" if s.pareto else " ") + (" " if s.ships else "✗")
+        style = "bold green" if s.recommended else ("bold" if s.pareto else ("dim" if not s.ships else ""))
         table.add_row(
             Text(mark),
             p.key.value,
@@ -447,6 +470,15 @@ def _table(result: object, order: list[int]) -> None:
         highlight=False,
         style="dim",
     )
+    caveats = sorted({c for s in result.scores for c in s.caveat.split("; ") if c})
+    if caveats:
+        out_console.print(
+            "✗ breaks a promise of the loop rules ("
+            + "; ".join(caveats)
+            + ("): shown, not recommended without --any-setting" if result.shippable_only else ")"),
+            highlight=False,
+            style="dim",
+        )
     if result.recommended is not None:
         rec = result.scores[result.recommended]
         p = rec.policy
@@ -454,7 +486,8 @@ def _table(result: object, order: list[int]) -> None:
         out_console.print(
             f"recommended: --key {p.key.value} --window {p.window} --threshold {p.threshold} "
             f"--max-period {mp}  (policy {p.version}): catches {rec.catch_rate:.0%} of "
-            f"incidents, flags {rec.false_alarm_rate:.1%} of healthy traces",
+            f"incidents, flags {rec.false_alarm_rate:.1%} of healthy traces"
+            + (f"; ✗ {rec.caveat}" if rec.caveat else ""),
             highlight=False,
         )
 

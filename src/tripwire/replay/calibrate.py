@@ -15,7 +15,10 @@ healthy. :func:`calibrate` replays a grid of policies over traces parsed once
 
 It marks the Pareto front (no other policy catches at least as many incidents with at most
 as many false alarms and no longer delay, and is better in one of them) and recommends the
-policy with the highest catch rate under a false-alarm cap.
+policy with the highest catch rate under a false-alarm cap, among the settings that keep what
+tripwire promises (:func:`shipping_caveat`: the 4th identical call is the one stopped, and a
+batch of different calls to one tool is not a loop); a row that breaks a promise is marked with
+why, and is recommended only when asked (``shippable_only=False``).
 
 Determinism: the grid has a fixed order, ties are broken by that order, and a process pool
 (``workers > 1``, Linux ``fork`` only) returns results in grid order.
@@ -61,6 +64,7 @@ __all__ = [
     "pareto_front",
     "policy_grid",
     "score_policy",
+    "shipping_caveat",
 ]
 
 DEFAULT_INCIDENT_LABELS: Final = ("runaway",)
@@ -220,6 +224,33 @@ def assign_labels(traces: Sequence[TraceCalls], labels: LabelSet) -> tuple[list[
 
 # -- the grid -------------------------------------------------------------------------------------
 
+SHIPPED_THRESHOLD: Final = 4
+"""The repetition count tripwire promises to stop at: the 4th identical call (README, docs)."""
+
+
+def shipping_caveat(policy: LoopPolicy) -> str:
+    """Why ``policy`` breaks what tripwire promises of its loop rules, or ``""`` when it keeps it.
+
+    The promises are issue 15's table (the README's "How well it works"): an identical call that
+    keeps getting the same result is stopped at the 4th call, not the 3rd or the 5th; and a batch
+    of different calls to one tool (30 order lookups all answered "shipped", 30 writes each
+    confirmed) is not a loop, which the ``tool`` key cannot tell apart. Such a setting may score
+    well on a corpus and still not be one to ship as is: :func:`calibrate` recommends it only when
+    asked.
+    """
+    notes: list[str] = []
+    if policy.threshold < SHIPPED_THRESHOLD:
+        notes.append(
+            f"threshold {policy.threshold} stops an identical call before the {SHIPPED_THRESHOLD}th"
+        )
+    elif policy.threshold > SHIPPED_THRESHOLD:
+        notes.append(
+            f"threshold {policy.threshold} lets the {SHIPPED_THRESHOLD}th identical call run"
+        )
+    if policy.key is KeyMode.TOOL:
+        notes.append("key 'tool' counts a batch of different calls to one tool as a loop")
+    return "; ".join(notes)
+
 
 def default_grid_axes(base: LoopPolicy) -> dict[str, tuple[Any, ...]]:
     """The default grid around ``base``: its own values are always included.
@@ -276,6 +307,13 @@ class PolicyScore:
     """Share of the healthy traces' tool calls after a (false) first flag."""
     pareto: bool = False
     recommended: bool = False
+    caveat: str = ""
+    """Why the policy breaks a promise of the loop rules (:func:`shipping_caveat`), or empty."""
+
+    @property
+    def ships(self) -> bool:
+        """True when the policy keeps what tripwire promises (no :attr:`caveat`)."""
+        return not self.caveat
 
     @property
     def catch_rate(self) -> float:
@@ -309,12 +347,14 @@ class PolicyScore:
             "cut_share": round(self.cut_share, 6),
             "pareto": self.pareto,
             "recommended": self.recommended,
+            "ships": self.ships,
+            "caveat": self.caveat,
         }
 
 
 def score_policy(policy: LoopPolicy, labelled: Sequence[Labelled]) -> PolicyScore:
     """Replay ``policy`` over every labelled trace and score it."""
-    return PolicyScore(policy=policy, **_measure(policy, labelled))
+    return PolicyScore(policy=policy, caveat=shipping_caveat(policy), **_measure(policy, labelled))
 
 
 def _measure(policy: LoopPolicy, labelled: Sequence[Labelled]) -> dict[str, Any]:
@@ -383,7 +423,10 @@ class Calibration:
     max_false_alarms: float
     """The cap the recommendation respects (a share of healthy traces)."""
     recommended: int | None
-    """Index of the recommended policy; ``None`` when none is under the cap."""
+    """Index of the recommended policy; ``None`` when none is under the cap (among the
+    policies that ship as they are, unless :attr:`shippable_only` is False)."""
+    shippable_only: bool = True
+    """Whether the recommendation was limited to policies without a :attr:`PolicyScore.caveat`."""
 
 
 _WORK: tuple[list[Labelled], list[LoopPolicy]] = ([], [])
@@ -403,6 +446,7 @@ def calibrate(
     max_false_alarms: float = 0.02,
     workers: int = 1,
     on_policy: Callable[[int], None] | None = None,
+    shippable_only: bool = True,
 ) -> Calibration:
     """Score every policy, mark the Pareto front and recommend one.
 
@@ -413,11 +457,13 @@ def calibrate(
         workers: processes to use; above 1 only where ``fork`` exists (Linux), else serial.
             Results are the same either way, in grid order.
         on_policy: called with the number of policies done so far (progress).
+        shippable_only: recommend only a policy that keeps tripwire's promises (no
+            :func:`shipping_caveat`); False also considers the others (they stay marked).
 
     Returns:
-        The scores in grid order. The recommendation is the highest catch rate under the cap;
-        ties go to the shorter median delay, then the larger saved share, then the fewer false
-        alarms, then the earlier grid position.
+        The scores in grid order, each with its caveat. The recommendation is the highest catch
+        rate under the cap; ties go to the shorter median delay, then the larger saved share,
+        then the fewer false alarms, then the earlier grid position.
     """
     if not 0 <= max_false_alarms <= 1:
         raise ConfigError("max_false_alarms", max_false_alarms, "a share between 0 and 1")
@@ -434,7 +480,7 @@ def calibrate(
             chunk = max(1, len(policies) // (workers * 8))
             with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
                 for i, numbers in enumerate(pool.map(_measure_at, range(len(policies)), chunksize=chunk)):
-                    scores.append(PolicyScore(policy=policies[i], **numbers))
+                    scores.append(PolicyScore(policy=policies[i], caveat=shipping_caveat(policies[i]), **numbers))
                     if on_policy is not None:
                         on_policy(len(scores))
         finally:
@@ -446,7 +492,11 @@ def calibrate(
                 on_policy(len(scores))
 
     front = pareto_front(scores)
-    eligible = [i for i, s in enumerate(scores) if s.false_alarm_rate <= max_false_alarms + 1e-12]
+    eligible = [
+        i
+        for i, s in enumerate(scores)
+        if s.false_alarm_rate <= max_false_alarms + 1e-12 and (s.ships or not shippable_only)
+    ]
     best: int | None = None
     if eligible:
         best = min(
@@ -462,7 +512,9 @@ def calibrate(
     marked = tuple(
         replace(s, pareto=i in front, recommended=i == best) for i, s in enumerate(scores)
     )
-    return Calibration(scores=marked, max_false_alarms=max_false_alarms, recommended=best)
+    return Calibration(
+        scores=marked, max_false_alarms=max_false_alarms, recommended=best, shippable_only=shippable_only
+    )
 
 
 # -- the learned step line --------------------------------------------------------------------------
