@@ -1034,7 +1034,7 @@ SERVE_SETTINGS: Final[Mapping[str, ServeSetting]] = MappingProxyType({s.name: s 
                  choices=("memory", "redis"),
                  help="where per-trace state lives (redis: stateless receivers; needs a Redis URL)"),
     ServeSetting(name="token_file", option="--token-file", kind="path",
-                 help="a file of accepted bearer tokens, one per line (beside TRIPWIRE_TOKEN)"),
+                 help="a file of accepted bearer tokens, one per line, each alone or after its name (NAME TOKEN: an operator's Kill is recorded under it), beside TRIPWIRE_TOKEN"),
     ServeSetting(name="no_auth", option="--no-auth", kind="bool", default=False,
                  help="accept requests without a token (a trusted loopback only)"),
     ServeSetting(name="store_raw", option="--store-raw", kind="bool", default=False,

@@ -264,3 +264,90 @@ def test_without_redis_a_flag_goes_up_with_its_request_and_again_after_an_operat
         post(spans[8:9])  # it repeats once more: up again, before the request is answered
         again = flag()
         assert again is not None and again["hits"] == 9
+
+
+def _healthy_run(calls: int) -> tuple[list[object], list[object]]:
+    """A healthy run's spans from the real SDK, split: its tool spans, then its root span."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("tests")
+    with tracer.start_as_current_span(
+        "invoke_agent researcher",
+        attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "researcher"},
+    ):
+        for i in range(calls):
+            with tracer.start_as_current_span("execute_tool search_docs", attributes={
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_docs",
+                "gen_ai.tool.call.id": f"c{i}", "gen_ai.tool.call.arguments": json.dumps({"query": f"topic {i}"}),
+                "gen_ai.tool.call.result": f"notes on topic {i}",
+            }):
+                pass
+    provider.shutdown()
+    spans = list(exporter.get_finished_spans())
+    return [s for s in spans if s.parent is not None], [s for s in spans if s.parent is None]
+
+
+def test_an_operator_kill_is_recorded_as_a_cancellation_by_whom_not_as_a_finish(tmp_path: Path) -> None:
+    # The agent obeys the flag and then ends its run cleanly (its root span ends without an
+    # error): the receipt must still say the run was cancelled, by whom, through what, and the
+    # report must count it so, not as `completed`.
+    from tripwire.report import build_report
+
+    store = RunStore.open(f"sqlite:///{tmp_path / 'runs.db'}")
+    other = "another-token-0123456789abcdef"
+    config = ServeConfig(tokens=(other, TOKEN), token_names=("ci-bot", "alice"), reorder_s=0.0, flush_s=0.05)
+    pb = {"Content-Type": "application/x-protobuf"}
+    try:
+        with running_service(config, store) as r:
+            tools, root = _healthy_run(6)
+            tid = trace_id_of(tools)
+            assert httpx.post(f"{r.url}/v1/traces", content=protobuf_body(tools), headers=pb | r.headers()).status_code == 200  # type: ignore[arg-type]
+            got = httpx.post(f"{r.url}/api/runs/{tid}/kill", headers=r.headers())
+            assert got.status_code == 200
+            flag = httpx.get(f"{r.url}/api/flags/{tid}", headers=r.headers()).json()["flag"]
+            assert (flag["kind"], flag["reason"], flag["actor"], flag["via"]) == ("operator", "user_cancelled", "alice", "api")
+            assert httpx.post(f"{r.url}/v1/traces", content=protobuf_body(root), headers=pb | r.headers()).status_code == 200  # type: ignore[arg-type]
+            deadline = time.monotonic() + 10
+            run = {}
+            while time.monotonic() < deadline:
+                run = httpx.get(f"{r.url}/api/runs/{tid}", headers=r.headers()).json()
+                if run.get("status") == "ended":
+                    break
+                time.sleep(0.05)
+            assert run["status"] == "ended" and run["stop_reason"] == "user_cancelled"
+            receipt = run["receipt"]
+            assert (receipt["end"], receipt["reason"]) == ("user_abort", "user_cancelled")
+            assert receipt["condition"]["source"] == "operator"
+            assert (receipt["condition"]["by"], receipt["condition"]["via"]) == ("alice", "api")
+            assert run["health"] == "bounded_stop"
+        report = build_report(store)
+        assert report.overall.stop_reasons == {"user_cancelled": 1}
+    finally:
+        store.dispose()
+
+
+def test_a_run_that_ended_before_the_kill_keeps_its_receipt(tmp_path: Path) -> None:
+    store = RunStore.open(f"sqlite:///{tmp_path / 'runs.db'}")
+    config = ServeConfig(tokens=(TOKEN,), reorder_s=0.0, flush_s=0.05)
+    pb = {"Content-Type": "application/x-protobuf"}
+    try:
+        with running_service(config, store) as r:
+            tools, root = _healthy_run(3)
+            tid = trace_id_of(tools)
+            body = protobuf_body([*tools, *root])  # type: ignore[list-item]
+            assert httpx.post(f"{r.url}/v1/traces", content=body, headers=pb | r.headers()).status_code == 200
+            deadline = time.monotonic() + 10
+            while httpx.get(f"{r.url}/api/runs/{tid}", headers=r.headers()).json().get("status") != "ended":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert httpx.post(f"{r.url}/api/runs/{tid}/kill", headers=r.headers()).status_code == 200
+            run = httpx.get(f"{r.url}/api/runs/{tid}", headers=r.headers()).json()
+            assert run["stop_reason"] == "completed" and run["receipt"]["reason"] == "completed"
+            assert run["receipt"]["condition"] == {}
+    finally:
+        store.dispose()

@@ -183,3 +183,18 @@ def test_a_port_in_use_is_refused_by_name_before_anything_is_opened(tmp_path: Pa
     assert result.exit_code == 2, result.output
     assert f"port {port} on 127.0.0.1 is in use" in result.output and "--port" in result.output
     assert not db.exists()  # refused before the store was created
+
+
+def test_a_token_file_line_may_name_its_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tripwire.cli.serve import _tokens
+
+    monkeypatch.setenv("TRIPWIRE_TOKEN", "env-token-0123456789abcdef")
+    path = tmp_path / "tokens.txt"
+    path.write_text(f"# fleet tokens\nalice {TOKEN}\n\n  bare-token-0123456789abcdef  \n")
+    tokens, names = _tokens(str(path))
+    assert tokens == ("env-token-0123456789abcdef", TOKEN, "bare-token-0123456789abcdef")
+    assert names == ("TRIPWIRE_TOKEN", "alice", "tokens.txt line 4")
+    path.write_text(f"alice smith {TOKEN}\n")
+    with pytest.raises(typer.Exit) as caught:
+        _tokens(str(path))
+    assert caught.value.exit_code == 2

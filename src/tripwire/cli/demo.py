@@ -114,7 +114,8 @@ def _serve_demo(port: int, duration: float | None) -> None:
     folder = Path(tempfile.mkdtemp(prefix="tripwire-demo-"))
     store_url = f"sqlite:///{folder / 'runs.db'}"
     config = ServeConfig(
-        store_url=store_url, tokens=(token,), limits=Limits(max_tool_calls=50), reorder_s=0.1
+        store_url=store_url, tokens=(token,), token_names=("demo token",),
+        limits=Limits(max_tool_calls=50), reorder_s=0.1,
     )
     store = RunStore.open(store_url)
     service = Service(config, store=store)

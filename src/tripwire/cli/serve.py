@@ -30,7 +30,8 @@ _HELP = "\n\n".join(
         "(tripwire.remote); transitions page once (webhook, Slack, PagerDuty); every run is "
         "recorded with its stop receipt (SQLite by default, PostgreSQL with --store).",
         "Every endpoint but /healthz needs 'Authorization: Bearer TOKEN'. The token comes from "
-        "TRIPWIRE_TOKEN or --token-file (one token per line); --no-auth turns auth off (only "
+        "TRIPWIRE_TOKEN or --token-file (one token per line, or a name and a token: an operator's "
+        "Kill is recorded under the name); --no-auth turns auth off (only "
         "on a trusted loopback). The service binds 127.0.0.1 unless told otherwise.",
     )
 )
@@ -66,21 +67,32 @@ def _check_listen(host: str, port: int) -> None:
         abort(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
 
 
-def _tokens(token_file: str | None) -> tuple[str, ...]:
+def _tokens(token_file: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The accepted tokens and their names: ``TRIPWIRE_TOKEN``'s is ``TRIPWIRE_TOKEN``; a line
+    of the token file is a token alone (named ``<file> line N``) or a name and a token."""
     tokens: list[str] = []
+    names: list[str] = []
     env = os.environ.get("TRIPWIRE_TOKEN", "").strip()
     if env:
         tokens.append(env)
+        names.append("TRIPWIRE_TOKEN")
     if token_file is not None:
         try:
             text = Path(token_file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             abort(f"token_file {token_file}: cannot read it ({type(exc).__name__}: {exc})")
-        tokens += [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+        for n, line in enumerate(text.splitlines(), 1):
+            fields = line.split()
+            if not fields or fields[0].startswith("#"):
+                continue
+            if len(fields) > 2:
+                abort(f"token_file {token_file} line {n}: a token, or a name and a token, not {len(fields)} words")
+            tokens.append(fields[-1])
+            names.append(fields[0] if len(fields) == 2 else f"{Path(token_file).name} line {n}")
     for token in tokens:
         if len(token) < 16:
             abort("a bearer token must be at least 16 characters (use: python -c 'import secrets; print(secrets.token_urlsafe(32))')")
-    return tuple(tokens)
+    return tuple(tokens), tuple(names)
 
 
 def _opt(name: str, *, metavar: str | None = None, **extra: Any) -> Any:
@@ -176,7 +188,7 @@ def serve(
     root.setLevel(logging.INFO)
     log = logging.getLogger("tripwire.serve")
 
-    tokens = _tokens(settings["token_file"])
+    tokens, token_names = _tokens(settings["token_file"])
     if not tokens and not settings["no_auth"]:
         suggestion = secrets.token_urlsafe(32)
         abort(
@@ -216,6 +228,7 @@ def serve(
             redis_url=redis,
             state=settings["state"],
             tokens=tokens,
+            token_names=token_names,
             auth=not settings["no_auth"],
             policy=loaded.policy,
             limits=loaded.limits if loaded.limits is not None else Limits(),

@@ -118,6 +118,9 @@ class ServeConfig:
     ``redis`` (stateless receivers behind any load balancer; needs ``redis_url``)."""
     tokens: tuple[str, ...] = ()
     """Accepted bearer tokens; empty with ``auth=False`` only."""
+    token_names: tuple[str, ...] = ()
+    """The name of each token, in the same order (``token 1``, ``token 2``… for those without
+    one): an operator's Kill records who acted by the name of the token they used."""
     auth: bool = True
     """Require a token on every endpoint but ``/healthz``."""
     policy: LoopPolicy = DEFAULT_POLICY
@@ -557,18 +560,29 @@ class Service:
         with the transitions of that request, not with the routine writes."""
         self._flags_up.pop(trace_id, None)
 
-    async def operate(self, trace_id: str, action: str, *, message: str) -> RunRow | None:
+    async def operate(
+        self, trace_id: str, action: str, *, message: str, actor: str = "unknown", via: str = "api"
+    ) -> RunRow | None:
         """An operator's action on a run, from the API or the dashboard: ``kill`` raises its
-        flag (saying ``message``), ``resolve`` lowers it, ``acknowledge`` marks the run seen.
-        Returns the run's row after it, or ``None`` (nothing done) when the store has no such
-        run: a flag for a trace id nobody sent would only wait for a run that never comes."""
+        flag (saying ``message``, and who acted: ``actor`` through ``via``), ``resolve`` lowers
+        it, ``acknowledge`` marks the run seen. Returns the run's row after it, or ``None``
+        (nothing done) when the store has no such run: a flag for a trace id nobody sent would
+        only wait for a run that never comes.
+
+        A killed run's receipt, when it ends, says ``user_cancelled`` and who acted, not how
+        the agent happened to wind up after its stop."""
         if action not in ACTIONS:
             raise ValueError(action)
         store = self.store
         if await asyncio.to_thread(store.run, trace_id) is None:
             return None
         if action == "kill":
-            payload = flag_payload(trace_id, None, at=self.clock(), message=message, by="operator")
+            at = self.clock()
+            payload = flag_payload(
+                trace_id, None, at=at, message=message, by="operator", actor=actor, via=via
+            )
+            with self._fleet_lock:
+                self.fleet.operator_killed(trace_id, actor=actor, via=via, at=at)
             await asyncio.to_thread(self.kill.raise_flag, payload, self.config.flag_ttl_s)
             await asyncio.to_thread(store.set_flags, trace_id, killed=True, resolved=False)
         elif action == "resolve":
@@ -670,20 +684,29 @@ class Service:
         self.metrics.queue_depth.set(self.inflight + self.fleet.buffered)
 
     def authorized(self, request: Request) -> bool:
+        return self.actor(request) is not None
+
+    def actor(self, request: Request) -> str | None:
+        """The name of the token the request carries (its bearer header, else the dashboard's
+        cookie), or ``None`` when it carries no accepted token. With auth off: ``anonymous``."""
         if not self.config.auth:
-            return True
+            return "anonymous"
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             cookie = request.cookies.get("tripwire_token")
             if not cookie:
-                return False
+                return None
             token = cookie
         given = token.strip().encode()
-        ok = False
-        for accepted in self.config.tokens:
-            ok |= hmac.compare_digest(given, accepted.encode())
-        return ok
+        found: int | None = None
+        for i, accepted in enumerate(self.config.tokens):  # every token compared: constant time
+            if hmac.compare_digest(given, accepted.encode()):
+                found = i
+        if found is None:
+            return None
+        names = self.config.token_names
+        return names[found] if found < len(names) and names[found] else f"token {found + 1}"
 
 
 # -- HTTP ------------------------------------------------------------------------------------
@@ -898,13 +921,14 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
         return JSONResponse(body)
 
     async def act(request: Request) -> Response:
-        if not svc.authorized(request):
+        if svc.actor(request) is None:
             return unauthorized()
         trace_id = request.path_params["trace_id"].lower()
         action = request.path_params["action"]
         if action not in ACTIONS:
             return JSONResponse({"error": "unknown action", "accepted": list(ACTIONS)}, status_code=404)
-        row = await svc.operate(trace_id, action, message="killed by an operator")
+        actor = svc.actor(request) or "unknown"
+        row = await svc.operate(trace_id, action, message=f"killed by {actor} through the API", actor=actor, via="api")
         if row is None:
             return JSONResponse({"error": "no such run", "trace_id": trace_id}, status_code=404)
         return JSONResponse({"ok": True, "action": action, "run": row.as_json()})

@@ -330,7 +330,11 @@ def dashboard_routes(svc: Service) -> list[Any]:
         action = request.path_params["action"]
         if action not in ACTIONS:
             return Response("unknown action", status_code=404)
-        if await svc.operate(trace_id, action, message="killed from the dashboard") is None:
+        actor = svc.actor(request) or "unknown"
+        done_row = await svc.operate(
+            trace_id, action, message=f"killed by {actor} from the dashboard", actor=actor, via="dashboard"
+        )
+        if done_row is None:
             return HTMLResponse(f"<p>No run {escape(trace_id[:32])} in the store.</p>", status_code=404)
         done = _DONE[action]
         return RedirectResponse(f"/runs/{trace_id}?" + urlencode({"done": done}), status_code=303)

@@ -90,6 +90,13 @@ class _Kept(OrderedDict[str, tuple[_T, float]]):
         kept = self.pop(tid, None)
         return None if kept is None else kept[0]
 
+    def seen(self, tid: str, *, keep: bool) -> _T | None:
+        """The value kept for ``tid`` (``None`` if there is none), forgotten unless ``keep``."""
+        if keep:
+            kept = self.get(tid)
+            return None if kept is None else kept[0]
+        return self.take(tid)
+
     def forget_before(self, limit: float) -> None:
         while self and next(iter(self.values()))[1] < limit:
             self.popitem(last=False)
@@ -308,6 +315,17 @@ class Fleet:
         run that was only waiting (for a person, a long job) and comes back goes on counting
         from that row, its calls numbered on, and its root span writes its real end. Kept for
         :data:`QUIET_KEPT_S`, at most :data:`QUIET_KEPT_MAX`."""
+        self._operator: _Kept[tuple[str, str, float]] = _Kept(QUIET_KEPT_MAX)
+        """Runs an operator killed (who, through what, when) that have not ended yet: their
+        receipt says ``user_cancelled`` by that operator, however the agent wound up after the
+        stop. Kept for ``idle_ttl_s`` after the kill, at most :data:`QUIET_KEPT_MAX`."""
+
+    def operator_killed(self, trace_id: str, *, actor: str, via: str, at: float) -> None:
+        """An operator killed the run (its flag is going up): when it ends, its receipt says
+        ``user_cancelled`` by ``actor`` (through ``via``, ``dashboard`` or ``api``) at ``at``.
+        A run that ended already keeps the receipt it has."""
+        if trace_id not in self._ended:
+            self._operator.keep(trace_id, (actor, via, at), at)
 
     def resuming(self, trace_id: str) -> bool:
         """Whether ``trace_id`` will go on from a row given to :meth:`resume`."""
@@ -918,7 +936,7 @@ class Fleet:
 
         receipt, health = receipt_for(
             row, trace.assessment, trace.budget_stop, root=root, idle=idle,
-            policy=self.policy, normalizer=self.normalizer,
+            policy=self.policy, normalizer=self.normalizer, operator=self._operator.seen(tid, keep=idle),
         )
         row.receipt = receipt
         row.health = health
@@ -935,6 +953,7 @@ class Fleet:
     def _forget(self, now: float) -> None:
         """Forget the ended runs past their windows (``idle_ttl_s``, :data:`QUIET_KEPT_S`)."""
         self._ended.forget_before(now - self.idle_ttl_s)
+        self._operator.forget_before(now - self.idle_ttl_s)
         self._quiet.forget_before(now - QUIET_KEPT_S)
 
     def _write_dirty(self, now: float, out: Outcome) -> None:

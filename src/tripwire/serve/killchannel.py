@@ -49,9 +49,21 @@ DEFAULT_TTL_S: Final = 3600.0
 
 
 def flag_payload(
-    trace_id: str, cause: Assessment | Stop | None, *, at: float, message: str = "", by: str = "tripwire serve"
+    trace_id: str,
+    cause: Assessment | Stop | None,
+    *,
+    at: float,
+    message: str = "",
+    by: str = "tripwire serve",
+    actor: str | None = None,
+    via: str | None = None,
 ) -> dict[str, Any]:
-    """The flag's JSON object for a loop assessment, a budget stop, or an operator's kill."""
+    """The flag's JSON object for a loop assessment, a budget stop, or an operator's kill.
+
+    An operator's kill (``cause=None``) also says who acted (``actor``: the name of the token
+    they signed in or called the API with) and where (``via``: ``dashboard`` or ``api``); the
+    agent's receipt and the service's carry both.
+    """
     out: dict[str, Any] = {"trace_id": trace_id, "at": at, "by": by}
     if isinstance(cause, Assessment):
         out.update(
@@ -76,7 +88,13 @@ def flag_payload(
             message=cause.message,
         )
     else:
-        out.update(kind="operator", reason="user_cancelled", message=message or "killed by an operator")
+        out.update(
+            kind="operator",
+            reason="user_cancelled",
+            message=message or "killed by an operator",
+            actor=actor or "unknown",
+            via=via or "api",
+        )
     return out
 
 

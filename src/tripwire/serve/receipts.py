@@ -31,6 +31,7 @@ def receipt_for(
     idle: bool,
     policy: LoopPolicy,
     normalizer: Normalizer,
+    operator: tuple[str, str, float] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """The run's stop receipt as JSON, and its health state.
 
@@ -40,6 +41,10 @@ def receipt_for(
         budget_stop: the budget stop the service decided, if any.
         root: the root span, when the run ended with it; ``None`` when it went idle.
         idle: True when the trace went quiet (or was evicted) before its root span ended.
+        operator: who killed the run, through what (``dashboard`` or ``api``) and when, if an
+            operator did: the run was cancelled, whatever its root span says of its end (an
+            agent that obeys the flag ends its run cleanly, or with the stop as an error).
+            A loop verdict or a budget stop the service reached first still comes first.
     """
     end: rc.EndKind | None
     reason: StopReason | None
@@ -56,6 +61,10 @@ def receipt_for(
             "window": assessment.window,
             "call_index": assessment.call_index,
         }
+    elif operator is not None:
+        end, reason = rc.EndKind.USER_ABORT, StopReason.USER_CANCELLED
+        actor, via, at = operator
+        condition = {"source": "operator", "by": actor, "via": via, "at": at}
     elif root is not None and root.status_error:
         end, reason = rc.EndKind.TOOL_FAILURE, StopReason.TOOL_ERROR
         tool_failure = rc.ToolFailure(
