@@ -31,12 +31,24 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from tripwire.core.reasons import Rule, StopReason
 from tripwire.errors import BudgetExceeded, ConfigError, LoopDetected, RunStopped
 
-__all__ = ["RemoteKill", "check", "connect", "current", "disconnect", "exception_for"]
+if TYPE_CHECKING:
+    from tripwire.core.budget import Stop
+    from tripwire.core.watch import Assessment
+
+__all__ = [
+    "RemoteKill",
+    "cause_for",
+    "check",
+    "connect",
+    "current",
+    "disconnect",
+    "exception_for",
+]
 
 logger = logging.getLogger("tripwire.remote")
 
@@ -506,21 +518,17 @@ def _float(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
-def _raise_local(trace_id: str, payload: dict[str, Any]) -> None:
-    """Mirror the flag into the in-process registry, so tripwire.check() raises it too."""
-    try:
-        from tripwire.otel.killswitch import KILL_FLAGS
-    except ImportError:  # no otel extra: only remote.check() knows the flag
-        return
+def cause_for(payload: dict[str, Any]) -> Assessment | Stop:
+    """The guard's cause for a flag's JSON: a ``stuck`` loop assessment, or a stop (a budget
+    the fleet enforces, or an operator's kill: ``user_cancelled``, saying who)."""
     from tripwire.core.budget import Stop
     from tripwire.core.reasons import Verdict
     from tripwire.core.watch import Assessment
 
-    cause: Assessment | Stop
     if payload.get("kind") == "loop":
         exc = exception_for(payload)
         assert isinstance(exc, LoopDetected)
-        cause = Assessment(
+        return Assessment(
             verdict=Verdict.STUCK,
             rule=exc.rule,
             tool=exc.tool,
@@ -531,18 +539,29 @@ def _raise_local(trace_id: str, payload: dict[str, Any]) -> None:
             call_index=exc.call_index,
             reason=str(payload.get("message") or "")[:500],
         )
-    else:
-        limit_name = str(payload.get("limit_name") or "operator")
-        cause = Stop(
-            reason=_reason(payload.get("reason")) or StopReason.USER_CANCELLED,
-            limit_name=limit_name,
-            limit=_float(payload.get("limit")),
-            observed=_float(payload.get("observed")),
-            counter=limit_name,
-            used=_float(payload.get("observed")),
-            message=str(payload.get("message") or "the fleet service stopped this run")[:500],
-        )
-    KILL_FLAGS.raise_flag(trace_id, cause)
+    limit_name = str(payload.get("limit_name") or "operator")
+    message = str(payload.get("message") or "the fleet service stopped this run")[:500]
+    by = payload.get("by")
+    if payload.get("kind") == "operator" and isinstance(by, str) and by:
+        message = f"{message} (by {by[:200]})"
+    return Stop(
+        reason=_reason(payload.get("reason")) or StopReason.USER_CANCELLED,
+        limit_name=limit_name,
+        limit=_float(payload.get("limit")),
+        observed=_float(payload.get("observed")),
+        counter=limit_name,
+        used=_float(payload.get("observed")),
+        message=message,
+    )
+
+
+def _raise_local(trace_id: str, payload: dict[str, Any]) -> None:
+    """Mirror the flag into the in-process registry, so tripwire.check() raises it too."""
+    try:
+        from tripwire.otel.killswitch import KILL_FLAGS
+    except ImportError:  # no otel extra: only remote.check() knows the flag
+        return
+    KILL_FLAGS.raise_flag(trace_id, cause_for(payload))
 
 
 def _clear_local(trace_id: str) -> None:

@@ -292,6 +292,7 @@ def test_the_graceful_last_step_records_the_limit_as_the_reason() -> None:
     got, sink = _receipts()
     h.run_sync(h.plugin(Limits(max_steps=5), on_receipt=sink))
     assert got[0].reason is StopReason.MAX_STEPS
+    assert got[0].condition == {"steps": 5, "max_steps": 5}  # filled, never {}
 
 
 def test_a_model_that_ignores_the_wrap_up_is_stopped_with_a_partial_answer() -> None:

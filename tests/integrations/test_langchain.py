@@ -168,6 +168,7 @@ def test_the_graceful_last_step_is_recorded_as_the_limit() -> None:
         "create_agent+middleware", scripted(healthy_calls()), Counters(), limits=Limits(max_steps=5)
     )
     assert got[0].reason is StopReason.MAX_STEPS
+    assert got[0].condition == {"steps": 5, "max_steps": 5}  # filled, never {}
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -233,6 +233,7 @@ def test_a_step_budget_ends_with_the_graceful_last_step(kind: str) -> None:
 def test_the_graceful_last_step_is_recorded_as_the_limit(kind: str) -> None:
     out, _ = run(kind, scripted(healthy_calls()), Counters(), limits=Limits(max_steps=5))
     assert out.receipt.reason is StopReason.MAX_STEPS
+    assert out.receipt.condition == {"steps": 5, "max_steps": 5}  # filled, never {}
 
 
 @pytest.mark.parametrize("kind", CLIENTS)

@@ -221,6 +221,7 @@ def test_the_graceful_last_step_is_recorded_as_the_limit() -> None:
     )
     agent.run_sync("Research")
     assert got[0].reason is StopReason.MAX_STEPS
+    assert got[0].condition == {"steps": 5, "max_steps": 5}  # filled, never {}
 
 
 def test_a_model_that_ignores_the_wrap_up_gets_the_partial_answer() -> None:

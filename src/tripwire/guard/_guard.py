@@ -9,7 +9,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, NoReturn, TypeVar
 
 from tripwire.core import receipt as rc
@@ -272,6 +272,8 @@ class Guard:
         self._refused_after_stop = 0
         """Tool calls refused after the stop whose ``after_tool`` may still come."""
         self._cause: Stop | Assessment | None = None
+        self._origin: dict[str, str | float | None] | None = None
+        """Who stopped the run from outside (:meth:`stop`): source, by, at."""
         self._finished: StopReason | None = None
         self._ended_s: float | None = None
         self._exc: RunStopped | None = None
@@ -896,6 +898,51 @@ class Guard:
                 if self._last_step is not None and self._final is None:
                     self._final = last_step_stop(*self._last_step, self._steps)
 
+    def stop(
+        self,
+        cause: Stop | Assessment,
+        *,
+        source: str,
+        by: str | None = None,
+        at: float | None = None,
+    ) -> RunStopped:
+        """Stop the run from outside the guard: an operator's kill, the fleet service's verdict.
+
+        The run ends as if the guard had stopped it itself: :attr:`stopped` holds the
+        exception, every later :meth:`before_step` and :meth:`before_tool` raises it again
+        (counted in :attr:`after_stop`), and the receipt's ``condition`` names ``source``,
+        ``by`` and ``at`` besides the cause's own inputs. The first cause wins: a run already
+        stopped keeps its cause (and a run already finished its end).
+
+        Args:
+            cause: a ``stuck`` loop :class:`~tripwire.core.watch.Assessment` (the fleet judged
+                the run stuck) or a :class:`~tripwire.core.budget.Stop` (an operator's kill is
+                one with reason ``user_cancelled``; a budget the fleet enforces).
+            source: what raised it, e.g. ``"fleet"`` or ``"operator"``.
+            by: who acted (a dashboard user, an API token's name, a service).
+            at: when (Unix seconds, as the service recorded it).
+
+        Returns:
+            The exception that stops the run (raise it): this cause's, or the earlier one's.
+        """
+        if not isinstance(cause, (Stop, Assessment)):
+            raise ConfigError("cause", cause, "a Stop or a loop Assessment")
+        if not isinstance(source, str) or not source:
+            raise ConfigError("source", source, "a non-empty str")
+        if by is not None and not isinstance(by, str):
+            raise ConfigError("by", by, "a str or None")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, (int, float))):
+            raise ConfigError("at", at, "Unix seconds or None")
+        with self._lock:
+            if self._cause is None and self._finished is None:
+                self._cause = cause
+                self._origin = {"source": source, "by": by, "at": at}
+                self._ended_s = self._clock()
+                self._last_step = None
+            if self._cause is None:  # the run had ended: nothing to record
+                return cause.exception(counters=self._snapshot(self._clock()).counters)
+            return self._exception(self._cause)
+
     @property
     def after_stop(self) -> AfterStop | None:
         """What the agent attempted after the guard stopped the run (the framework swallowed
@@ -1188,11 +1235,16 @@ class Guard:
             verdict = current.verdict
         if isinstance(cause, Assessment):
             verdict = cause.verdict
+        stop = cause if isinstance(cause, Stop) else None
+        final = self._final
+        if cause is None and final is not None:
+            # A graceful last step: the limit the run ended on, no step refused.
+            stop = replace(final, observed=final.used)
         return GuardSnapshot(
             run_id=self.run_id,
             counters=counters,
             reason=self.reason,
-            stop=cause if isinstance(cause, Stop) else None,
+            stop=stop,
             loop=cause if isinstance(cause, Assessment) else None,
             verdict=verdict,
             policy_version=self.loop_policy.version if self.loop_policy is not None else None,
@@ -1201,4 +1253,5 @@ class Guard:
             nudge=self._nudge,
             after_stop_model_calls=self._after_model,
             after_stop_tool_calls=self._after_tools,
+            origin=self._origin,
         )

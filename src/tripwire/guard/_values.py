@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final, Literal
@@ -57,15 +58,21 @@ class GuardSnapshot:
     """Model calls attempted after the guard stopped the run (the framework went on)."""
     after_stop_tool_calls: int = 0
     """Tool calls attempted after the guard stopped the run (the framework went on)."""
+    origin: Mapping[str, str | float | None] | None = None
+    """Who stopped the run from outside (``Guard.stop``): ``source``, ``by``, ``at``."""
 
     @property
     def condition(self) -> dict[str, str | int | float | bool | None]:
         """The inputs of the condition that fired, e.g. ``{"tool_calls": 20, "requested": 1,
         "max_tool_calls": 20}`` (empty while running); ``nudged_at_call`` when a nudge was
-        given."""
+        given. A stop from outside (an operator's kill, the fleet's verdict) adds ``source``,
+        ``by`` and ``at``; a run ended by its framework's own cap (no tripwire limit fired)
+        gives its ``steps`` and ``tool_calls``."""
         out: dict[str, str | int | float | bool | None] = {}
-        if self.stop is not None:
-            out = self.stop.condition
+        stop = self.stop
+        if stop is not None:
+            if self.origin is None or stop.reason is not StopReason.USER_CANCELLED:
+                out = stop.condition  # an operator's kill has no limit inputs
         elif self.loop is not None:
             a = self.loop
             out = {
@@ -76,6 +83,10 @@ class GuardSnapshot:
                 "period": a.period,
                 "call_index": a.call_index,
             }
+        elif self.reason is not None and self.reason is not StopReason.COMPLETED:
+            out = {"steps": self.counters.steps, "tool_calls": self.counters.tool_calls}
+        if self.origin is not None:
+            out.update(self.origin)
         if self.nudge is not None:
             out["nudged_at_call"] = self.nudge.call_index
         return out

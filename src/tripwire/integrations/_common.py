@@ -48,13 +48,22 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
-from tripwire.core.budget import NO_LIMITS, Advisory, Level, Limits, RunCounters
+from tripwire import remote as _remote
+from tripwire.core.budget import NO_LIMITS, Advisory, Level, Limits, RunCounters, Stop
 from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
 from tripwire.core.reasons import StopReason
 from tripwire.core.receipt import StopReceipt
 from tripwire.core.results import ToolResult
-from tripwire.errors import ConfigError, RunStopped
+from tripwire.errors import BudgetExceeded, ConfigError, RunStopped
 from tripwire.guard import Guard, GuardSnapshot
+
+try:  # the otel extra: the run's trace id, and the in-process kill flags
+    from opentelemetry.trace import get_current_span as _current_span
+
+    from tripwire.otel.killswitch import KILL_FLAGS as _KILL_FLAGS
+    from tripwire.otel.killswitch import active_run as _active_run
+except ImportError:  # pragma: no cover - without it, no run has a trace id to be flagged by
+    _current_span = None  # type: ignore[assignment]
 
 __all__ = ["OnLoop", "RunControl", "RunSettings", "StoppedRun", "current_run", "new_run"]
 
@@ -178,8 +187,12 @@ class RunControl:
             without tools and with :meth:`wrap_up`'s instruction.
 
         Raises:
-            RunStopped: the run is stopped (a budget fired now, or an earlier stop).
+            RunStopped: the run is stopped (a budget fired now, the fleet's flag, or an
+                earlier stop).
+            ConfigError: the fleet service refused this process's token.
         """
+        if self.guard.stopped is None:
+            self.obey_fleet()
         advisory = self.guard.before_step()
         wrap = advisory.message if advisory.level is Level.RESTRICT and advisory.message else None
         with self._lock:
@@ -234,9 +247,12 @@ class RunControl:
             budget's end).
 
         Raises:
-            RunStopped: the run stops here (the call would be stuck, a cap fired, or an
-                earlier stop).
+            RunStopped: the run stops here (the call would be stuck, a cap fired, the
+                fleet's flag, or an earlier stop).
+            ConfigError: the fleet service refused this process's token.
         """
+        if self.guard.stopped is None:
+            self.obey_fleet()
         advisory = self.guard.before_tool(tool, arguments, refusable=refusable)
         if not advisory.allowed:
             return advisory.message or "Tool call refused by tripwire."
@@ -265,6 +281,59 @@ class RunControl:
         else:
             outcome = ToolResult.success(_result_value(result))
         self.guard.after_tool(tool, arguments, outcome)
+
+    # -- the fleet's kill flags --------------------------------------------------------------
+
+    def obey_fleet(self) -> None:
+        """Stop the run if its kill flag is up: the fleet service's (an operator's kill, or
+        its verdict, through :mod:`tripwire.remote`) or the in-process span processor's.
+
+        Keyed by the run's own OpenTelemetry trace id, read from the current context (else
+        the run whose span last started in this thread or task). :meth:`before_model` and
+        :meth:`before_tool` call it first. Without the ``otel`` extra, or outside any span,
+        it checks nothing. No network: a context read and dict lookups.
+
+        Raises:
+            RunStopped: the flag is up; the guard records it as the run's stop (the receipt
+                names who raised it), so every later step is refused too.
+            ConfigError: the fleet service refused this process's token.
+        """
+        if _current_span is None:
+            return
+        ctx = _current_span().get_span_context()
+        trace_id = ctx.trace_id if ctx.is_valid else _active_run()
+        if trace_id is None:
+            return
+        channel = _remote.current()
+        if channel is not None:
+            try:
+                payload = channel.lookup(trace_id)
+            except BudgetExceeded as exc:  # fail_closed: the channel is down past its grace
+                raise self.guard.stop(
+                    Stop(
+                        reason=exc.reason,
+                        limit_name=exc.limit_name,
+                        limit=exc.limit,
+                        observed=exc.observed,
+                        counter="kill_channel_down_s",
+                        used=exc.observed,
+                        message=str(exc),
+                    ),
+                    source="kill_channel",
+                ) from None
+            if payload is not None:
+                by, at = payload.get("by"), payload.get("at")
+                raise self.guard.stop(
+                    _remote.cause_for(payload),
+                    source="operator" if payload.get("kind") == "operator" else "fleet",
+                    by=by[:200] if isinstance(by, str) else None,
+                    at=float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None,
+                ) from None
+        flag = _KILL_FLAGS.get(trace_id)
+        if flag is not None:
+            cause = flag.assessment if flag.assessment is not None else flag.stop
+            assert cause is not None
+            raise self.guard.stop(cause, source="span_processor") from None
 
     # -- end of run -------------------------------------------------------------------------
 
