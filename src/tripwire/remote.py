@@ -541,9 +541,9 @@ def cause_for(payload: dict[str, Any]) -> Assessment | Stop:
         )
     limit_name = str(payload.get("limit_name") or "operator")
     message = str(payload.get("message") or "the fleet service stopped this run")[:500]
-    by = payload.get("by")
-    if payload.get("kind") == "operator" and isinstance(by, str) and by:
-        message = f"{message} (by {by[:200]})"
+    actor = payload.get("actor")
+    if payload.get("kind") == "operator" and isinstance(actor, str) and actor:
+        message = f"{message} (by {actor[:200]})"
     return Stop(
         reason=_reason(payload.get("reason")) or StopReason.USER_CANCELLED,
         limit_name=limit_name,

@@ -69,7 +69,7 @@ def _kill(by: str = "alice") -> Stop:
 def test_an_external_stop_ends_the_run_as_a_local_one_and_the_first_cause_wins() -> None:
     guard = Guard(prices=None)
     guard.before_step()
-    exc = guard.stop(_kill(), source="operator", by="alice", at=1765000000.5)
+    exc = guard.stop(_kill(), source="operator", by="alice", via="dashboard", at=1765000000.5)
     assert isinstance(exc, BudgetExceeded) and exc.reason is StopReason.USER_CANCELLED
     assert guard.stopped is exc
     with pytest.raises(RunStopped):
@@ -79,7 +79,9 @@ def test_an_external_stop_ends_the_run_as_a_local_one_and_the_first_cause_wins()
     assert guard.stop(_loop(), source="fleet") is exc  # the first cause wins
     receipt = guard.receipt("a")
     assert receipt.reason is StopReason.USER_CANCELLED and receipt.end is EndKind.USER_ABORT
-    assert receipt.condition == {"source": "operator", "by": "alice", "at": 1765000000.5}
+    assert receipt.condition == {
+        "source": "operator", "by": "alice", "via": "dashboard", "at": 1765000000.5
+    }
     assert receipt.after_stop is not None and receipt.after_stop.model_calls == 1
 
 
@@ -188,7 +190,11 @@ def assert_operator_kill(probe: Probe, killer: Killer, out: StoppedRun, receipts
     flag = probe.fleet.flag(probe.trace_id)
     assert flag is not None and flag["kind"] == "operator"
     assert receipt.condition["source"] == "operator"
-    assert receipt.condition["by"] == flag["by"] and receipt.condition["at"] == flag["at"]
+    # Who acted: the name of the token the API was called with (the service's TRIPWIRE_TOKEN),
+    # through what, and when: what the service's own receipt of the run says.
+    assert receipt.condition["by"] == flag["actor"] == "TRIPWIRE_TOKEN"
+    assert receipt.condition["via"] == "api" and receipt.condition["at"] == flag["at"]
+    assert "by TRIPWIRE_TOKEN" in out.message
     bodies_after = probe.after("tool", at=killer.killed_at)
     models_after = probe.after("model", at=killer.killed_at)
     print(f"operator kill: {bodies_after} bodies and {models_after} model calls after it")

@@ -905,13 +905,15 @@ class Guard:
         source: str,
         by: str | None = None,
         at: float | None = None,
+        via: str | None = None,
     ) -> RunStopped:
         """Stop the run from outside the guard: an operator's kill, the fleet service's verdict.
 
         The run ends as if the guard had stopped it itself: :attr:`stopped` holds the
         exception, every later :meth:`before_step` and :meth:`before_tool` raises it again
         (counted in :attr:`after_stop`), and the receipt's ``condition`` names ``source``,
-        ``by`` and ``at`` besides the cause's own inputs. The first cause wins: a run already
+        ``by``, ``via`` (when given) and ``at`` besides the cause's own inputs (the
+        service's receipt of an operator's kill says the same). The first cause wins: a run already
         stopped keeps its cause (and a run already finished its end).
 
         Args:
@@ -921,6 +923,7 @@ class Guard:
             source: what raised it, e.g. ``"fleet"`` or ``"operator"``.
             by: who acted (a dashboard user, an API token's name, a service).
             at: when (Unix seconds, as the service recorded it).
+            via: through what (``dashboard`` or ``api`` for an operator's kill), if known.
 
         Returns:
             The exception that stops the run (raise it): this cause's, or the earlier one's.
@@ -933,10 +936,16 @@ class Guard:
             raise ConfigError("by", by, "a str or None")
         if at is not None and (isinstance(at, bool) or not isinstance(at, (int, float))):
             raise ConfigError("at", at, "Unix seconds or None")
+        if via is not None and not isinstance(via, str):
+            raise ConfigError("via", via, "a str or None")
         with self._lock:
             if self._cause is None and self._finished is None:
                 self._cause = cause
-                self._origin = {"source": source, "by": by, "at": at}
+                origin: dict[str, str | float | None] = {"source": source, "by": by}
+                if via is not None:
+                    origin["via"] = via
+                origin["at"] = at
+                self._origin = origin
                 self._ended_s = self._clock()
                 self._last_step = None
             if self._cause is None:  # the run had ended: nothing to record

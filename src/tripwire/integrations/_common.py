@@ -322,11 +322,17 @@ class RunControl:
                     source="kill_channel",
                 ) from None
             if payload is not None:
-                by, at = payload.get("by"), payload.get("at")
+                operator = payload.get("kind") == "operator"
+                # An operator's kill names who acted (the token's name) and through what.
+                by = payload.get("actor") if operator else None
+                by = by if isinstance(by, str) and by else payload.get("by")
+                via = payload.get("via") if operator else None
+                at = payload.get("at")
                 raise self.guard.stop(
                     _remote.cause_for(payload),
-                    source="operator" if payload.get("kind") == "operator" else "fleet",
+                    source="operator" if operator else "fleet",
                     by=by[:200] if isinstance(by, str) else None,
+                    via=via[:40] if isinstance(via, str) else None,
                     at=float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None,
                 ) from None
         flag = _KILL_FLAGS.get(trace_id)
