@@ -255,24 +255,86 @@ class RemoteKill:
             client.close()
 
     def _http_loop(self) -> None:
+        """Wait for the watched runs' flags at ``POST /api/flags/wait`` (a long poll the service
+        answers as soon as one goes up or down), asking again at once when this process starts
+        watching a new run; against a service without it (404/405), poll ``POST /api/flags``
+        every ``poll_s`` as before. One event loop in this thread; :meth:`check` is untouched."""
+        import asyncio
+        import contextlib
+
         import httpx
 
+        wait_s = 20.0  # the service answers by then when nothing changed
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        with httpx.Client(base_url=self.url or "", headers=headers, timeout=2.0) as client:
-            while not self._stop.is_set():
-                watched = list(self._watched)
-                if watched:
-                    response = client.post("/api/flags", json={"trace_ids": watched[-1000:]})
+
+        def seen() -> tuple[int, str | None]:
+            # What check() added (it appends new ids under the lock); read 50 times a second.
+            with self._lock:
+                return len(self._watched), next(reversed(self._watched), None)
+
+        async def changed(since: tuple[int, str | None], at_most: float) -> None:
+            end = time.monotonic() + at_most
+            while seen() == since and not self._stop.is_set() and time.monotonic() < end:
+                await asyncio.sleep(0.02)
+
+        def apply(watched: list[str], flags: Any) -> None:
+            if not isinstance(flags, dict):
+                return
+            for tid in watched:
+                flag = flags.get(tid)
+                if flag is not None:
+                    self._take(json.dumps(flag))
+                elif self._flags.pop(tid, None) is not None:
+                    _clear_local(tid)  # lowered (Resolve): tripwire.check() lets the run go on
+
+        async def main() -> None:
+            timeout = httpx.Timeout(2.0, read=wait_s + 10.0)
+            async with httpx.AsyncClient(base_url=self.url or "", headers=headers, timeout=timeout) as client:
+                push_from = 0.0  # when to wait for flags again (not before: poll)
+                while not self._stop.is_set():
+                    push = time.monotonic() >= push_from
+                    since = seen()
+                    watched = list(self._watched)[-1000:]
+                    if not watched:
+                        self._up()
+                        await changed(since, self.poll_s)
+                        continue
+                    if not push:
+                        response = await client.post("/api/flags", json={"trace_ids": watched})
+                        response.raise_for_status()
+                        apply(watched, response.json().get("flags"))
+                        self._up()
+                        await changed(since, self.poll_s)  # a new run is asked about at once
+                        continue
+                    body = {
+                        "trace_ids": watched,
+                        "flagged": [t for t in watched if t in self._flags],
+                        "timeout_s": wait_s,
+                    }
+                    request = asyncio.ensure_future(client.post("/api/flags/wait", json=body))
+                    moved = asyncio.ensure_future(changed(since, wait_s + 15.0))
+                    await asyncio.wait((request, moved), return_when=asyncio.FIRST_COMPLETED)
+                    moved.cancel()
+                    if not request.done():
+                        # A new run to watch (or close()): ask again with it; the service
+                        # answers at once if a flag changed meanwhile.
+                        request.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                            await request
+                        continue
+                    response = request.result()
+                    if response.status_code in (404, 405):  # an older service: poll it
+                        push_from = float("inf")
+                        logger.info("the tripwire service has no POST /api/flags/wait: polling every %s s", self.poll_s)
+                        continue
+                    if response.status_code == 503:  # too many waiters there: poll for a while
+                        push_from = time.monotonic() + 30.0
+                        continue
                     response.raise_for_status()
-                    flags = response.json().get("flags", {})
-                    for tid in watched[-1000:]:
-                        flag = flags.get(tid)
-                        if flag is not None:
-                            self._take(json.dumps(flag))
-                        else:
-                            self._flags.pop(tid, None)
-                self._up()
-                self._stop.wait(self.poll_s)
+                    apply(watched, response.json().get("flags"))
+                    self._up()
+
+        asyncio.run(main())
 
     def _take(self, data: Any) -> None:
         if isinstance(data, bytes):

@@ -13,7 +13,9 @@ service runs with ``--no-auth``):
   ``GET /api/runs/{trace_id}`` (the run, its verdict history, its calls, its receipt),
   ``POST /api/runs/{trace_id}/kill`` | ``/resolve`` | ``/acknowledge``.
 - ``GET /api/flags/{trace_id}`` and ``POST /api/flags`` (``{"trace_ids": [...]}``): the kill
-  flags agents poll when there is no Redis.
+  flags agents poll when there is no Redis; ``POST /api/flags/wait`` (``{"trace_ids": [...],
+  "flagged": [...], "timeout_s": 20}``): the same, answered as soon as one of them goes up or
+  down (a long poll).
 - ``GET /metrics`` (Prometheus), ``GET /healthz`` (alive), ``GET /readyz`` (store and Redis
   reachable).
 
@@ -61,9 +63,11 @@ from tripwire.serve.alerts import Alerts, AlertTarget, Sender
 from tripwire.serve.fleet import QUIET_KEPT_MAX, QUIET_KEPT_S, Fleet, Kill, Outcome
 from tripwire.serve.killchannel import (
     ACTIONS,
+    FlagWatch,
     KillChannel,
     RedisKillChannel,
     StoreKillChannel,
+    TooManyWaiters,
     flag_payload,
 )
 from tripwire.serve.metrics import Metrics
@@ -103,6 +107,11 @@ RECENT_REQUESTS: Final = 4096
 an exporter's retry of one (its answer timed out or was lost) is acknowledged, not counted twice.
 With ``--state redis`` the digests are Redis keys shared by every receiver instead."""
 REQUEST_PREFIX: Final = "tripwire:request:"
+WAIT_DEFAULT_S: Final = 20.0
+"""How long ``POST /api/flags/wait`` holds a request when nothing changes (by default)."""
+WAIT_MAX_S: Final = 60.0
+WAIT_RECHECK_S: Final = 2.0
+"""A waiting request reads its flags again this often even when nothing woke it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,10 +203,12 @@ class Service:
             self.fleet = Fleet(**options)
         else:
             raise ConfigError("--state", config.state, "'memory' or 'redis'")
+        self.flag_watch = FlagWatch()
+        """Wakes the agents waiting in ``POST /api/flags/wait`` when a flag goes up or down."""
         self.kill: KillChannel = (
-            RedisKillChannel.from_url(config.redis_url)
+            RedisKillChannel.from_url(config.redis_url, watch=self.flag_watch)
             if config.redis_url
-            else StoreKillChannel(self.store)
+            else StoreKillChannel(self.store, watch=self.flag_watch)
         )
         self._flags_in_store = isinstance(self.kill, StoreKillChannel) and self.kill.store is self.store
         """The flags are rows of this store: they go up with the transitions (see _commit)."""
@@ -524,6 +535,8 @@ class Service:
         if out.urgent:
             self.store.write(out.urgent)
             out.urgent = Batch()
+        if payloads and self._flags_in_store:
+            self.flag_watch.notify(p["trace_id"] for p in payloads)  # up: wake who waits for them
         if out.kills and self._flags_in_store:
             up = self._flags_up
             for p in payloads:
@@ -962,6 +975,70 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
 
         return JSONResponse({"flags": await asyncio.to_thread(read)})
 
+    async def wait_flags(request: Request) -> Response:
+        # The push side of the URL channel: answers as soon as the flags up among `trace_ids`
+        # differ from `flagged` (what the agent holds), else when one of them goes up or down,
+        # else after `timeout_s` with the same flags (`changed: false`).
+        if not svc.authorized(request):
+            return unauthorized()
+        try:
+            body = await request.json()
+            ids = body["trace_ids"]
+            known = body.get("flagged", [])
+            timeout = body.get("timeout_s", WAIT_DEFAULT_S)
+            if (
+                not isinstance(ids, list) or len(ids) > 1000 or not all(isinstance(i, str) for i in ids)
+                or not isinstance(known, list) or not all(isinstance(i, str) for i in known)
+                or isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                or not 0 <= timeout <= WAIT_MAX_S
+            ):
+                raise ValueError
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return JSONResponse(
+                {"error": "send {\"trace_ids\": [up to 1000 hex ids], \"flagged\": [the ids whose "
+                 f"flags you hold], \"timeout_s\": 0 to {WAIT_MAX_S:g}}}"},
+                status_code=400,
+            )
+        wanted = list(dict.fromkeys(i.lower() for i in ids))
+        held = {i.lower() for i in known} & set(wanted)
+
+        def read() -> dict[str, Any]:
+            now = svc.clock()
+            found = {}
+            for tid in wanted:
+                flag = svc.kill.get(tid, now)
+                if flag is not None:
+                    found[tid] = flag
+            return found
+
+        if isinstance(svc.kill, RedisKillChannel):
+            svc.kill.listen()  # other receivers' flags wake this one's waiters too
+        # The keep-alive of uvicorn's request cycle turns off when the server shuts down: a
+        # waiter then answers at once instead of holding the shutdown for its timeout.
+        cycle = getattr(request.receive, "__self__", None)
+        deadline = time.monotonic() + float(timeout)
+        try:
+            with svc.flag_watch.watching(wanted) as woken:
+                while True:
+                    woken.clear()  # before the read: a flag raised after it wakes the wait
+                    found = await asyncio.to_thread(read)
+                    left = deadline - time.monotonic()
+                    if set(found) != held or left <= 0 or svc.flag_watch.closed:
+                        return JSONResponse({"flags": found, "changed": set(found) != held})
+                    # Woken by this receiver's flags (or Redis pub/sub); re-read every
+                    # WAIT_RECHECK_S anyway (another receiver sharing the store without Redis).
+                    recheck = time.monotonic() + min(left, WAIT_RECHECK_S)
+                    while not woken.is_set() and time.monotonic() < recheck:
+                        if cycle is not None and getattr(cycle, "keep_alive", True) is False:
+                            return JSONResponse({"flags": found, "changed": False})
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(woken.wait(), timeout=max(0.0, min(0.5, recheck - time.monotonic())))
+        except TooManyWaiters:
+            return JSONResponse(
+                {"error": "too many agents wait for flags on this receiver; poll POST /api/flags"},
+                status_code=503, headers={"Retry-After": "1"},
+            )
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         svc.start()
@@ -1000,6 +1077,7 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
             for task in tasks:
                 with contextlib.suppress(Exception):
                     await task
+            svc.flag_watch.close()
             await asyncio.to_thread(svc.close)
 
     routes = [
@@ -1010,6 +1088,7 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
         Route("/api/runs", list_runs, methods=["GET"]),
         Route("/api/runs/{trace_id}", one_run, methods=["GET"]),
         Route("/api/runs/{trace_id}/{action}", act, methods=["POST"]),
+        Route("/api/flags/wait", wait_flags, methods=["POST"]),
         Route("/api/flags/{trace_id}", one_flag, methods=["GET"]),
         Route("/api/flags", many_flags, methods=["POST"]),
     ]

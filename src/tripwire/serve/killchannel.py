@@ -8,6 +8,12 @@ When the service judges a run ``stuck`` (or a budget stop fires), it raises the 
 - without Redis: a row in the run store's ``tripwire_flags`` table, which agents read through
   ``GET /api/flags/<trace_id>`` (:mod:`tripwire.remote` with the service's URL).
 
+Either way, agents that reach the service by URL can wait for their flags instead of polling:
+``POST /api/flags/wait`` answers as soon as a flag of one of its trace ids goes up or down. The
+receiver wakes those waiters (:class:`FlagWatch`) when it raises or lowers a flag itself and,
+with Redis, when any receiver announces one on the pub/sub channel
+(:meth:`RedisKillChannel.listen`).
+
 The flag's JSON (:func:`flag_payload`) carries what the agent needs to raise the same
 exception the in-process span processor would: the stop reason, and the loop's rule, tool,
 hits, window, period, call index and a digest prefix, or the budget's limit name, limit and
@@ -16,8 +22,12 @@ observed value. Never arguments.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any, Final, Protocol
 
 from tripwire.core.budget import Stop
@@ -29,9 +39,12 @@ __all__ = [
     "ACTIONS",
     "CHANNEL",
     "KEY_PREFIX",
+    "MAX_WAITERS",
+    "FlagWatch",
     "KillChannel",
     "RedisKillChannel",
     "StoreKillChannel",
+    "TooManyWaiters",
     "flag_payload",
 ]
 
@@ -46,6 +59,84 @@ KEY_PREFIX: Final = "tripwire:kill:"
 CHANNEL: Final = "tripwire:kill"
 """Redis pub/sub channel every flag (and every clear) is published on."""
 DEFAULT_TTL_S: Final = 3600.0
+MAX_WAITERS: Final = 1024
+"""Requests a receiver holds open in ``POST /api/flags/wait`` at most (more get 503)."""
+
+
+class TooManyWaiters(Exception):
+    """:data:`MAX_WAITERS` requests wait already."""
+
+
+class FlagWatch:
+    """Wakes the requests that wait for the flags of some trace ids (``POST /api/flags/wait``).
+
+    :meth:`notify` is called from any thread (the receiver's worker threads raise flags, the
+    Redis listener thread relays other receivers' flags); each waiter is an
+    :class:`asyncio.Event` set on its own event loop. What changed is not carried: a woken
+    waiter reads its flags again from the channel, so a lost or spurious wake-up costs one
+    read, never a wrong answer.
+    """
+
+    def __init__(self, max_waiters: int = MAX_WAITERS) -> None:
+        self.max_waiters = max_waiters
+        self._lock = threading.Lock()
+        self._by_trace: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._all: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    @contextlib.contextmanager
+    def watching(self, trace_ids: Iterable[str]) -> Iterator[asyncio.Event]:
+        """An event set when a flag of one of ``trace_ids`` may have changed (or at
+        :meth:`close`). Enter it on the event loop, before reading the flags.
+
+        Raises:
+            TooManyWaiters: :attr:`max_waiters` are waiting already.
+        """
+        waiter = (asyncio.get_running_loop(), asyncio.Event())
+        ids = set(trace_ids)
+        with self._lock:
+            if len(self._all) >= self.max_waiters:
+                raise TooManyWaiters
+            self._all.append(waiter)
+            for tid in ids:
+                self._by_trace.setdefault(tid, []).append(waiter)
+        if self.closed:
+            waiter[1].set()
+        try:
+            yield waiter[1]
+        finally:
+            with self._lock:
+                self._all.remove(waiter)
+                for tid in ids:
+                    waiters = self._by_trace.get(tid)
+                    if waiters is not None:
+                        waiters.remove(waiter)
+                        if not waiters:
+                            del self._by_trace[tid]
+
+    def notify(self, trace_ids: Iterable[str]) -> None:
+        """A flag of each of ``trace_ids`` went up or down: wake whoever waits for it."""
+        with self._lock:
+            if not self._by_trace:
+                return
+            woken = [w for tid in trace_ids for w in self._by_trace.get(tid, ())]
+        self._wake(woken)
+
+    def close(self) -> None:
+        """Wake every waiter (shutdown); later ones are woken at once."""
+        self.closed = True
+        with self._lock:
+            woken = list(self._all)
+        self._wake(woken)
+
+    @staticmethod
+    def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]) -> None:
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there
+                loop.call_soon_threadsafe(event.set)
 
 
 def flag_payload(
@@ -116,14 +207,54 @@ class RedisKillChannel:
     """Flags as Redis keys with a TTL, announced on pub/sub (works with Redis Cluster: one key
     per trace, and the publish goes to the whole cluster)."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, *, watch: FlagWatch | None = None) -> None:
         self.client = client
+        self.watch = watch
+        self._listener: threading.Thread | None = None
+        self._listen_lock = threading.Lock()
 
     @classmethod
-    def from_url(cls, url: str) -> RedisKillChannel:
+    def from_url(cls, url: str, *, watch: FlagWatch | None = None) -> RedisKillChannel:
         import redis
 
-        return cls(redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2))
+        return cls(redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2), watch=watch)
+
+    def listen(self) -> None:
+        """Relay the flags every receiver announces on :data:`CHANNEL` to :attr:`watch`, from one
+        daemon thread (started once; it ends when the watch is closed). Redis unreachable: it
+        retries every second (logged once); meanwhile waiters see flags at their periodic re-read."""
+        with self._listen_lock:
+            if self.watch is None or self._listener is not None:
+                return
+            self._listener = threading.Thread(target=self._listen, name="tripwire-flag-listener", daemon=True)
+            self._listener.start()
+
+    def _listen(self) -> None:
+        watch = self.watch
+        assert watch is not None
+        warned = False
+        while not watch.closed:
+            pubsub = None
+            try:
+                pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(CHANNEL)
+                while not watch.closed:
+                    message = pubsub.get_message(timeout=0.5)
+                    if message is None or message.get("type") != "message":
+                        continue
+                    with contextlib.suppress(TypeError, ValueError, AttributeError):
+                        tid = json.loads(message["data"]).get("trace_id")
+                        if isinstance(tid, str):
+                            watch.notify([tid.lower()])
+            except Exception as exc:  # the listener's boundary: Redis down; retried
+                if not warned:
+                    warned = True
+                    logger.warning("the kill channel's pub/sub listener lost Redis (retried every second): %r", exc)
+                threading.Event().wait(1.0)
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
 
     def raise_flag(self, payload: dict[str, Any], ttl_s: float) -> None:
         self.raise_flags([payload], ttl_s)
@@ -137,12 +268,16 @@ class RedisKillChannel:
             pipe.set(KEY_PREFIX + payload["trace_id"], text, ex=max(1, int(ttl_s)))
             pipe.publish(CHANNEL, text)
         pipe.execute()
+        if self.watch is not None:
+            self.watch.notify(p["trace_id"] for p in payloads)
 
     def clear(self, trace_id: str) -> bool:
         pipe = self.client.pipeline(transaction=False)
         pipe.delete(KEY_PREFIX + trace_id)
         pipe.publish(CHANNEL, json.dumps({"trace_id": trace_id, "cleared": True}))
         deleted, _ = pipe.execute()
+        if self.watch is not None:
+            self.watch.notify([trace_id])
         return bool(deleted)
 
     def get(self, trace_id: str, now: float) -> dict[str, Any] | None:
@@ -162,14 +297,17 @@ class RedisKillChannel:
 class StoreKillChannel:
     """Flags as rows of the run store (no Redis): agents poll ``GET /api/flags/<trace_id>``."""
 
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: RunStore, *, watch: FlagWatch | None = None) -> None:
         self.store = store
+        self.watch = watch
 
     def raise_flag(self, payload: dict[str, Any], ttl_s: float) -> None:
         self.raise_flags([payload], ttl_s)
 
     def raise_flags(self, payloads: list[dict[str, Any]], ttl_s: float) -> None:
         self.store.write(Batch(flags=self.rows(payloads, ttl_s)))
+        if self.watch is not None:
+            self.watch.notify(p["trace_id"] for p in payloads)
 
     @staticmethod
     def rows(payloads: list[dict[str, Any]], ttl_s: float) -> list[FlagRow]:
@@ -180,7 +318,10 @@ class StoreKillChannel:
         ]
 
     def clear(self, trace_id: str) -> bool:
-        return self.store.clear_flag(trace_id)
+        cleared = self.store.clear_flag(trace_id)
+        if self.watch is not None:
+            self.watch.notify([trace_id])
+        return cleared
 
     def get(self, trace_id: str, now: float) -> dict[str, Any] | None:
         row = self.store.flag(trace_id, now)
