@@ -20,6 +20,8 @@ never shipped) with ``tripwire replay``'s engine and prints:
    keep issue 15's table of cases right are candidates (``tests/evidence_cases.py``): a setting
    tripwire cannot ship is not one the estimate may rest on.
 
+   The 2-fold figures are also given per source (the labels are confounded with the sources).
+
    The learned step line (split-conformal, ``tripwire.replay.calibrate.learn_step_line``, α=5%)
    is learned per source from the healthy sessions of the training fold and applied to the other
    fold; ``default+line`` flags a session when either does.
@@ -69,6 +71,7 @@ AXES: dict[str, tuple[Any, ...]] = {
     "revisit": (6, 5, 8, 10, None),
     "revisit_share": (0.8, 0.7, 0.9, None),
     "failure_share": (0.8, 0.7, 0.9, None),
+    "mute_failures": (4, 3, 5, 6, None),
 }
 """The knobs the cross-validation may tune, in the order they are tuned (fields the policy does
 not have are skipped)."""
@@ -186,7 +189,10 @@ def _objective(f: Figure) -> tuple[float, ...]:
     return (ok, f.caught if ok else -f.alarms, -f.alarms, -(f.median_first if f.median_first is not None else 1.0))
 
 
-START = dict(threshold=4, window=10, max_period=3, same_error=None, revisit=None, revisit_share=None, failure_share=None)
+START = dict(
+    threshold=4, window=10, max_period=3, same_error=None, revisit=None, revisit_share=None, failure_share=None,
+    mute_failures=None,
+)
 """Where the tuning starts: the first design's rules, plus the shipped ``same_result`` (issue 15's
 table needs a rule for "8 different searches, all with an empty result")."""
 
@@ -326,6 +332,9 @@ def main(corpus: Path, dump: Path | None, before: Path | None) -> int:
         chosen_lines.append(f"  fold {name} chose: {settings(policy, base)}")
     cv = tuple(cv_flags)
     print(f"  {'2-fold, pooled':42s}{figure(rows, cv, everyone).line()}")
+    for source in sorted({r.source for r in rows}):
+        mine = [i for i in everyone if rows[i].source == source]
+        print(f"  {'  2-fold, ' + source[:30]:42s}{figure(rows, cv, mine).line()}")
     lines_cv = tuple(line_flags)
     print(f"  {'learned line (α=5%, per source), pooled':42s}{figure(rows, lines_cv, everyone).line()}")
     print(f"  {'2-fold + learned line, pooled':42s}{figure(rows, union(cv, lines_cv), everyone).line()}")

@@ -267,6 +267,8 @@ SETTINGS: Final[Mapping[str, Setting]] = MappingProxyType({s.name: s for s in (
             help="share of the window of revisits that trips"),
     Setting(name="failure_share", section=_P, kind="share", off=True,
             help="share of the window of failed calls that trips"),
+    _int("mute_failures", _P, 2, "calls failing with nothing to say (command not found) within "
+         "twice the window that trip", off=True),
     Setting(name="result_evidence", section=_P, kind="choice",
             choices=tuple(r.value for r in ResultEvidence),
             help="whose changed results count as progress"),

@@ -144,6 +144,7 @@ class LoopDetector:
             revisit=None,
             revisit_share=None,
             failure_share=None,
+            mute_failures=None,
             result_evidence="off",  # type: ignore[arg-type]
             name_only="stuck",
         )

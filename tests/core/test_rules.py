@@ -32,11 +32,12 @@ def test_limits_are_read_from_the_policy_by_name() -> None:
     assert policy.trip_limits == TripLimits(
         threshold=5, min_repeats=4, same_error=3, same_result=9, revisit=7,
         revisit_share=10, failure_share=5,  # 0.5 and 0.25 of a window of 20
+        mute_failures=4,
     )
     # Rules that are off never trip.
     assert SEED_POLICY.trip_limits == TripLimits(
         threshold=4, min_repeats=NEVER, same_error=NEVER, same_result=NEVER, revisit=NEVER,
-        revisit_share=NEVER, failure_share=NEVER,
+        revisit_share=NEVER, failure_share=NEVER, mute_failures=NEVER,
     )
     for entry in RULES:
         assert hasattr(DEFAULT_POLICY, entry.limit), entry
@@ -76,6 +77,18 @@ TRIPPING = {
     "failure_share": (
         LoopPolicy(same_error=None),
         [ToolCall(tool=f"t{i}", arguments={"i": i}, error_type=f"e{i}") for i in range(8)],
+    ),
+    "mute_failures": (
+        LoopPolicy(),
+        # four different commands not found, each after a call that worked
+        [
+            call
+            for i in range(4)
+            for call in (
+                ToolCall(tool=f"cmd{i}", arguments={"i": i}, error_type="command_not_found", result_digest=EMPTY_RESULT),
+                ToolCall(tool="open", arguments={"f": i}, result_digest=f"file {i}"),
+            )
+        ][:-1],
     ),
 }
 
@@ -215,3 +228,90 @@ def test_a_check_that_prints_nothing_is_still_a_check() -> None:
 def test_the_seed_rule_keeps_no_evidence_for_checks() -> None:
     checks = _check_run([("edit", "one", None), ("edit", "two", None), ("edit", "three", None)])
     assert run(SEED_POLICY, checks).verdict is Verdict.STUCK
+
+
+# -- failures with nothing to say (mute_failures) -------------------------------------------------
+
+
+def _mute(tool: str, i: int) -> ToolCall:
+    return ToolCall(tool=tool, arguments={"i": i}, error_type="command_not_found", result_digest=EMPTY_RESULT)
+
+
+def _ok(i: int) -> ToolCall:
+    return ToolCall(tool="open", arguments={"f": i}, result_digest=f"file {i}")
+
+
+def test_four_failures_with_nothing_to_say_in_twenty_calls_are_stuck_whatever_the_tools() -> None:
+    calls: list[ToolCall] = []
+    for i, tool in enumerate(("javac", "mvn", "gradle", "ant")):
+        calls += [_mute(tool, i), _ok(3 * i), _ok(3 * i + 1), _ok(3 * i + 2)]
+    policy = LoopPolicy()
+    state = RunState.new(policy)
+    verdicts = []
+    for call in calls:
+        evaluate(state, call, policy, DEFAULT_NORMALIZER)
+        assert state.current is not None
+        verdicts.append(state.current.verdict)
+    # the 4th such failure is call 13: stuck there, working before
+    assert verdicts.index(Verdict.STUCK) == 12
+    got = run(policy, calls[:13])
+    assert (got.rule, got.limit, got.hits, got.tool) == (Rule.FAILURES, "mute_failures", 4, "ant")
+    assert got.reason.startswith("4 calls within the last 20, up to ant, failed with nothing to say")
+
+
+def test_failures_with_nothing_to_say_spread_wider_than_the_span_or_with_output_are_not_counted() -> None:
+    policy = LoopPolicy()
+    # 4 of them, 7 calls apart: never 4 within 20 calls
+    spread: list[ToolCall] = []
+    for i in range(4):
+        spread += [_mute(f"cmd{i}", i), *(_ok(10 * i + j) for j in range(6))]
+    assert run(policy, spread).verdict is Verdict.WORKING
+    # failures that say something (a compiler error, a failing test) are not mute: 6 in 12 calls
+    said = DEFAULT_NORMALIZER.result_digest("Foo.java:3: error: ';' expected")
+    talking: list[ToolCall] = []
+    for i in range(6):
+        talking += [ToolCall(tool="javac", arguments={"i": i}, error_type="compile_error", result_digest=said), _ok(i)]
+    assert run(policy, talking).verdict is Verdict.WORKING
+    # an empty result that did not fail is found-nothing, not a failure: 4 in 8 calls
+    empty = [c for i in range(4) for c in (ToolCall(tool=f"grep{i}", arguments={"i": i}, result_digest=EMPTY_RESULT), _ok(i))]
+    assert run(policy, empty).verdict is Verdict.WORKING
+    # off: never
+    calls = [c for i in range(6) for c in (_mute(f"cmd{i}", i), _ok(i))]
+    assert run(policy, calls).verdict is Verdict.STUCK
+    assert run(policy.evolve(mute_failures=None), calls).verdict is Verdict.WORKING
+    assert run(SEED_POLICY, calls).verdict is Verdict.WORKING
+
+
+def test_the_mute_count_follows_the_window_and_is_bounded() -> None:
+    # window 5: the span is 10 calls; 3 such failures 4 calls apart fit, 5 apart do not
+    policy = LoopPolicy(window=5, threshold=4, mute_failures=3)
+    close = [c for i in range(3) for c in (_mute(f"c{i}", i), _ok(3 * i), _ok(3 * i + 1), _ok(3 * i + 2))][:-3]
+    assert run(policy, close).verdict is Verdict.STUCK
+    far = [c for i in range(3) for c in (_mute(f"c{i}", i), *(_ok(4 * i + j) for j in range(4)))][:-4]
+    assert run(policy, far).verdict is Verdict.WORKING
+    state = RunState.new(LoopPolicy())
+    for i in range(50):
+        evaluate(state, _mute(f"c{i}", i), LoopPolicy(failure_share=None, same_error=None), DEFAULT_NORMALIZER)
+    assert state.mute_at is not None and len(state.mute_at) == 4  # never more than the count
+
+
+def test_a_guard_stops_the_run_at_the_fourth_command_not_found() -> None:
+    from tripwire import Guard, Limits, LoopDetected, ToolResult
+
+    guard = Guard(Limits(), loop_policy=LoopPolicy())
+    bodies_run: list[str] = []
+    plan = [("create", "x"), ("javac", "a"), ("open", "b"), ("mvn", "c"), ("open", "d"), ("gradle", "e"),
+            ("ls", "f"), ("java", "g"), ("open", "h"), ("edit", "i")]
+    missing = {"javac", "mvn", "gradle", "java"}
+    with pytest.raises(LoopDetected) as caught:
+        for tool, arg in plan:
+            guard.before_tool(tool, {"command": f"{tool} {arg}"})
+            bodies_run.append(tool)
+            if tool in missing:
+                result = ToolResult.error("command_not_found", value=f"/bin/bash: line 1: {tool}: command not found")
+            else:
+                result = ToolResult.success(f"did {tool} {arg}")
+            guard.after_tool(tool, {"command": f"{tool} {arg}"}, result)
+    assert caught.value.rule is Rule.FAILURES and caught.value.call_index == 8
+    # stopped right after the 4th command not found ran: nothing after it
+    assert bodies_run == ["create", "javac", "open", "mvn", "open", "gradle", "ls", "java"]

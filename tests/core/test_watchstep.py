@@ -80,6 +80,7 @@ def policies(draw: st.DrawFn) -> LoopPolicy:
         "revisit_memory": draw(st.integers(1, 6)),
         "revisit_share": draw(st.none() | st.sampled_from([0.3, 0.5, 0.8])),
         "failure_share": draw(st.none() | st.sampled_from([0.3, 0.8])),
+        "mute_failures": draw(st.none() | st.integers(2, 4)),
         "confirm": draw(st.integers(1, 2)),
         "key": draw(st.sampled_from(["tool+args", "tool+args", "tool+args", "tool"])),
     }

@@ -169,8 +169,8 @@ class LoopPolicy:
 
     The defaults are calibrated on 768 real recorded agent runs (issue 7; README, "How well it
     works"): results count as evidence for every tool (``result_evidence="all"``), cycles up to
-    8 calls (``max_period=8``), ``same_error=5``, ``same_result=6``, ``revisit=6``, ``revisit_share=0.8``
-    and ``failure_share=0.8`` are on. They deliberately
+    8 calls (``max_period=8``), ``same_error=5``, ``same_result=6``, ``revisit=6``, ``revisit_share=0.8``,
+    ``failure_share=0.8`` and ``mute_failures=4`` are on. They deliberately
     differ from the first design's ``max_period=3`` with polling-only result evidence; the plain
     repetition rule is the ``seed`` preset (:data:`SEED_POLICY`), and :class:`LoopDetector`
     keeps ``max_period=3`` with no evidence.
@@ -209,6 +209,11 @@ class LoopPolicy:
     """Trip when at least this share of the last ``window`` calls (8 of 10 by default) failed,
     whatever the tools, arguments and error classes: a run fighting a broken environment
     (``None`` = off)."""
+    mute_failures: int | None = 4
+    """Trip when this many calls within the last ``2 × window`` calls (20 by default) failed
+    with nothing to say (a failure whose result is empty: "command not found", "No such file"),
+    whatever the tools and arguments: a run calling things that are not there (``None`` = off;
+    needs recorded errors and results)."""
     result_evidence: ResultEvidence = ResultEvidence.ALL
     """Whose changed results count as progress: none, polling tools only, or every tool."""
     polls: Mapping[str, Poll] = field(default_factory=dict)
@@ -262,6 +267,8 @@ class LoopPolicy:
             _positive_int("same_result", self.same_result, 2)
         if self.revisit is not None:
             _positive_int("revisit", self.revisit, 2)
+        if self.mute_failures is not None:
+            _positive_int("mute_failures", self.mute_failures, 2)
         _positive_int("revisit_memory", self.revisit_memory, 1, MAX_WINDOW)
         for name in ("revisit_share", "failure_share"):
             share = getattr(self, name)
@@ -352,6 +359,7 @@ SEED_POLICY: Final = LoopPolicy(
     revisit=None,
     revisit_share=None,
     failure_share=None,
+    mute_failures=None,
     result_evidence=ResultEvidence.OFF,
     name_only="stuck",
 )

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tripwire.core.watch import RunState
 
 __all__ = [
+    "MUTE_SPAN",
     "NEVER",
     "RULES",
     "LoopRule",
@@ -41,6 +42,9 @@ __all__ = [
 
 NEVER: Final = 1 << 62
 """The count of a rule that is off: never reached."""
+
+MUTE_SPAN: Final = 2
+"""The mute-failures rule counts within the last ``MUTE_SPAN × window`` calls."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +69,8 @@ class TripLimits:
     """Revisits among the last ``window`` calls, as a count."""
     failure_share: int
     """Failed calls among the last ``window`` calls, as a count."""
+    mute_failures: int
+    """Calls that failed with nothing to say within the last ``2 × window`` calls."""
 
 
 Trip = tuple[int, int]
@@ -103,9 +109,16 @@ class LoopRule:
     def describe(
         self, *, tool: str, hits: int, window: int, period: int = 1, sig: str = "", error: str = ""
     ) -> str:
-        """The sentence, filled in."""
+        """The sentence, filled in (``span`` is ``MUTE_SPAN × window``)."""
         return self.sentence.format(
-            tool=tool, hits=hits, window=window, period=period, calls=hits * period, sig=sig, error=error
+            tool=tool,
+            hits=hits,
+            window=window,
+            span=MUTE_SPAN * window,
+            period=period,
+            calls=hits * period,
+            sig=sig,
+            error=error,
         )
 
 
@@ -172,6 +185,13 @@ def _revisit_share(state: RunState, hits: int, limits: TripLimits) -> Trip | Non
 
 def _failures(state: RunState, hits: int, limits: TripLimits) -> Trip | None:
     return (1, state.failed_recent) if state.failed_recent >= limits.failure_share else None
+
+
+def _mute(state: RunState, hits: int, limits: TripLimits) -> Trip | None:
+    at = state.mute_at  # call indices of the latest failures with nothing to say, in the span
+    if at is None or at[-1] != state.calls or len(at) < limits.mute_failures:
+        return None  # trips only at such a failure: the count does not decay between them
+    return (1, len(at))
 
 
 RETRY_OF_NON_RETRYABLE: Final = LoopRule(
@@ -271,6 +291,22 @@ RULES: Final[tuple[LoopRule, ...]] = (
         hint=(
             "fix the environment or report it instead of trying variations, or raise "
             "LoopPolicy(failure_share=...)"
+        ),
+    ),
+    LoopRule(
+        rule=Rule.FAILURES,
+        limit="mute_failures",
+        count=_limit("mute_failures"),
+        test=_mute,
+        group="failures",
+        results_are_evidence=False,
+        sentence=(
+            "{hits} calls within the last {span}, up to {tool}, failed with nothing to say "
+            "(command not found, no such file), whatever the tools"
+        ),
+        hint=(
+            "tell the model what exists (the commands installed, the paths) or fix the "
+            "environment, or raise LoopPolicy(mute_failures=...)"
         ),
     ),
 )

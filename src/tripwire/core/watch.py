@@ -21,7 +21,9 @@ A call repeated with the same arguments after an error explicitly marked non-ret
 Further rules, calibrated on real agent runs (see the README, "How well it works"):
 ``same_error`` (consecutive calls failing with the same error class, whatever the arguments:
 fighting a broken toolchain), ``failures`` (most of the last ``window`` calls failed, whatever
-the error), ``same_result`` (consecutive calls of one tool that all found nothing, whatever
+the error; or ``mute_failures`` calls within the last ``2 × window`` failed with nothing to say,
+"command not found" or "No such file", whatever the tools: a run calling things that are not
+there), ``same_result`` (consecutive calls of one tool that all found nothing, whatever
 their arguments) and ``revisit`` (consecutive calls, or most of the last ``window``, that each
 repeat an earlier call of the run and get the same result: a cycle too long for the window; a
 stretch replayed in order counts from its third time through, see :data:`REPLAY_GRACE`).
@@ -54,7 +56,14 @@ from tripwire.core._compiled import compiled, speedups
 from tripwire.core.events import Lease, ToolCall
 from tripwire.core.policy import KeyMode, LoopPolicy
 from tripwire.core.reasons import Rule, Verdict
-from tripwire.core.rules import RETRY_OF_NON_RETRYABLE, RULES, LoopRule, loop_message
+from tripwire.core.rules import (
+    MUTE_SPAN,
+    NEVER,
+    RETRY_OF_NON_RETRYABLE,
+    RULES,
+    LoopRule,
+    loop_message,
+)
 from tripwire.core.signature import EMPTY_RESULT, Normalizer, Signature
 from tripwire.errors import LoopDetected
 
@@ -195,6 +204,7 @@ class RunState:
         "last_trip",
         "lease",
         "marks",
+        "mute_at",
         "outcome_run",
         "polls",
         "progress",
@@ -260,6 +270,10 @@ class RunState:
         allocated on the first failure or revisit."""
         self.failed_recent = 0
         """Failed calls among the last ``window`` (bit 0 of ``marks``)."""
+        self.mute_at: list[int] | None = None
+        """The call indices of the latest calls that failed with nothing to say (an empty
+        result), within the last ``MUTE_SPAN × window`` calls, at most ``mute_failures`` of them
+        (mute-failures rule; allocated on the first such failure)."""
         self.revisits_recent = 0
         """Revisits among the last ``window`` (bit 1 of ``marks``)."""
         self.error_run = 0
@@ -497,6 +511,8 @@ def evaluate_hashed(
     if error is not None:
         state.error_run = state.error_run + 1 if error == state.last_error else 1
         state.last_error = error
+        if result == _EMPTY:
+            _track_mute(state, index, policy)
     elif state.error_run:
         state.error_run = 0
         state.last_error = None
@@ -555,6 +571,11 @@ def evaluate_hashed(
                 state.error_run < limits.same_error
                 and state.failed_recent < limits.failure_share
                 and state.revisits_recent < limits.revisit_share
+                and (
+                    state.mute_at is None
+                    or state.mute_at[-1] != index
+                    or len(state.mute_at) < limits.mute_failures
+                )
             )
         )
         and (
@@ -860,6 +881,22 @@ def _track_revisit(state: RunState, policy: LoopPolicy, args_key: int, result: i
     meta[slot] = state.calls * 256 + 1
     state.seen_at = (slot + 1) % policy.revisit_memory
     return False
+
+
+def _track_mute(state: RunState, index: int, policy: LoopPolicy) -> None:
+    """Remember that call ``index`` failed with nothing to say (mute-failures rule): keep the
+    indices of such calls within the last ``MUTE_SPAN × window`` calls, at most as many as the
+    rule's count (bounded, O(count) per such call)."""
+    limit = policy.trip_limits.mute_failures
+    if limit >= NEVER:
+        return
+    at = state.mute_at
+    if at is None:
+        at = state.mute_at = []
+    at.append(index)
+    span = MUTE_SPAN * policy.window
+    while index - at[0] >= span or len(at) > limit:
+        del at[0]
 
 
 def _track_poll(state: RunState, call: ToolCall, result: int, now_s: float | None) -> None:
