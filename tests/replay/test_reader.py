@@ -145,6 +145,18 @@ def test_gzip_detected_by_magic_bytes_not_name(tmp_path: Path) -> None:
         assert problems == [] and len(spans) == 3
 
 
+def test_a_gzip_file_of_too_many_members_is_a_problem_that_says_so(tmp_path: Path) -> None:
+    from tripwire.spans.otlp import MAX_GZIP_MEMBERS
+
+    body = dumps(request(repeated(1, 2))).encode()
+    empty = gzip.compress(b"", mtime=0)
+    spans, problems = _read(_write(tmp_path / "ok.json.gz", empty * (MAX_GZIP_MEMBERS - 1) + gzip.compress(body)))
+    assert problems == [] and len(spans) == 3
+    spans, problems = _read(_write(tmp_path / "bomb.json.gz", empty * (MAX_GZIP_MEMBERS + 1)))
+    assert spans == [] and len(problems) == 1
+    assert f"more than {MAX_GZIP_MEMBERS} gzip members" in problems[0].detail
+
+
 def test_gzip_jsonl(tmp_path: Path) -> None:
     lines = "\n".join(dumps(request(repeated(i, 1))) for i in (1, 2))
     spans, problems = _read(_write(tmp_path / "a.jsonl.gz", gzip.compress(lines.encode())))

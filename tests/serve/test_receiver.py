@@ -114,6 +114,26 @@ def test_a_gzip_body_of_several_members_is_read_whole_and_a_truncated_one_is_ref
         assert refused.status_code == 400, (encoding, refused.text)
 
 
+def test_a_body_of_too_many_gzip_members_is_refused_and_a_padded_one_read_whole(service: Running) -> None:
+    from tripwire.spans.otlp import MAX_GZIP_MEMBERS
+
+    spans = loop_spans(5)
+    body = protobuf_body(spans)
+    empty = gzip.compress(b"", mtime=0)
+    headers = _auth({**PB, "Content-Encoding": "gzip"})
+    # Empty members (what once froze the receiver, quadratic in their number) up to the cap,
+    # and zero padding between them, around the real request: read whole.
+    padded = (empty + b"\0" * 300) * (MAX_GZIP_MEMBERS - 2) + gzip.compress(body) + empty
+    got = httpx.post(f"{service.url}/v1/traces", content=padded, headers=headers)
+    assert got.status_code == 200, got.text
+    assert _wait_run(service, trace_id_of(spans), status="ended")["tool_calls"] == 5
+    # One member more than the cap: a 400 that says why, and the receiver answers on.
+    refused = httpx.post(f"{service.url}/v1/traces", content=empty * (MAX_GZIP_MEMBERS + 1), headers=headers)
+    assert refused.status_code == 400
+    assert f"more than {MAX_GZIP_MEMBERS} gzip members" in refused.text
+    assert httpx.get(f"{service.url}/healthz").status_code == 200
+
+
 def test_protobuf_answer_is_an_export_response(service: Running) -> None:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceResponse,

@@ -227,8 +227,8 @@ def _decode_into(
                 "(raise it with --max-file-size if the file is genuine)",
             ))
             return
-        except InputError:
-            batch.problems.append(Problem(source, "gzip data is truncated or corrupt"))
+        except InputError as exc:  # truncated, corrupt, or too many members
+            batch.problems.append(Problem(source, f"gzip data is not readable ({exc.detail})"))
             return
         name = name.removesuffix(".gz")
     if data[:3] == _BOM:

@@ -816,7 +816,11 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
                     svc.metrics.requests.labels(code="413").inc()
                     return Response(body, status_code=413, media_type=media)
             try:
-                data = decompress(bytes(raw), request.headers.get("content-encoding"), max_bytes=config.max_body_bytes)
+                encoding = request.headers.get("content-encoding")
+                if encoding is None or encoding.strip().lower() in ("", "identity"):
+                    data = decompress(bytes(raw), encoding, max_bytes=config.max_body_bytes)
+                else:  # up to --max-body-mb of inflating: off the event loop
+                    data = await asyncio.to_thread(decompress, bytes(raw), encoding, max_bytes=config.max_body_bytes)
             except InputError as exc:
                 too_big = isinstance(exc, BodyTooLarge)
                 code = 413 if too_big else 400

@@ -649,16 +649,30 @@ def decode_request(body: bytes, content_type: str | None) -> Decoded:
     )
 
 
-def decompress(body: bytes, encoding: str | None, *, max_bytes: int) -> bytes:
+MAX_GZIP_MEMBERS: Final = 4096
+"""Gzip members one body may hold at most (exporters send one; ``cat a.gz b.gz`` a few)."""
+
+_FIRST_WINDOW: Final = 256
+_MAX_WINDOW: Final = 1 << 20
+
+
+def decompress(
+    body: bytes, encoding: str | None, *, max_bytes: int, max_members: int = MAX_GZIP_MEMBERS
+) -> bytes:
     """The request body without its ``Content-Encoding`` (``gzip``, ``deflate`` or none).
 
     A gzip body may hold several members one after the other (RFC 1952; what concatenated
-    gzip files are): they are read in turn, as ``gunzip`` reads them.
+    gzip files are): they are read in turn, as ``gunzip`` reads them, at most ``max_members``
+    of them. The work is linear in the body's size however many members it holds: each member
+    is fed to zlib through a window that starts small and doubles, so what zlib hands back
+    past a member's end (and copies) is never more than twice the member itself. (Feeding each
+    member the whole rest of the body, as this once did, made a 4 MB body of empty members
+    take 13 s.)
 
     Raises:
         InputError: an unknown encoding, a corrupt or truncated stream, data after a deflate
-            stream, or more than ``max_bytes`` decompressed (field ``body``;
-            :class:`BodyTooLarge` for the size).
+            stream, more than ``max_members`` gzip members, or more than ``max_bytes``
+            decompressed (field ``body``; :class:`BodyTooLarge` for the size).
     """
     enc = (encoding or "identity").strip().lower()
     if enc in ("", "identity"):
@@ -669,28 +683,48 @@ def decompress(body: bytes, encoding: str | None, *, max_bytes: int) -> bytes:
         raise InputError("Content-Encoding", f"{enc!r} is not supported: send gzip, deflate or identity")
     gzipped = enc != "deflate"
     wbits = 16 + zlib.MAX_WBITS if gzipped else zlib.MAX_WBITS
+    view = memoryview(body)
+    end = len(body)
     parts: list[bytes] = []
     size = 0
-    data = body
+    pos = 0
+    members = 0
     while True:
+        members += 1
+        if members > max_members:
+            raise InputError("body", f"more than {max_members} {enc} members in one body")
         inflater = zlib.decompressobj(wbits)
-        try:
-            part = inflater.decompress(data, max_bytes + 1 - size)  # at least 1: 0 is no limit
-        except zlib.error as exc:
-            raise InputError("body", f"corrupt {enc} data ({exc})") from None
-        size += len(part)
-        if size > max_bytes or inflater.unconsumed_tail:
-            raise BodyTooLarge("body", f"over {max_bytes} bytes once decompressed")
-        parts.append(part)
-        if not inflater.eof:
-            raise InputError("body", f"truncated {enc} data (the body ends inside the compressed stream)")
-        data = inflater.unused_data
+        window = _FIRST_WINDOW
+        while not inflater.eof:
+            if pos >= end:
+                raise InputError("body", f"truncated {enc} data (the body ends inside the compressed stream)")
+            chunk = view[pos : pos + window]
+            try:
+                part = inflater.decompress(chunk, max_bytes + 1 - size)  # at least 1: 0 is no limit
+            except zlib.error as exc:
+                raise InputError("body", f"corrupt {enc} data ({exc})") from None
+            size += len(part)
+            if size > max_bytes or inflater.unconsumed_tail:
+                raise BodyTooLarge("body", f"over {max_bytes} bytes once decompressed")
+            parts.append(part)
+            pos += len(chunk) - len(inflater.unused_data)
+            window = min(window * 2, _MAX_WINDOW)
         if not gzipped:
-            if data:
-                raise InputError("body", f"{len(data)} bytes after the end of the deflate stream")
+            if pos < end:
+                raise InputError("body", f"{end - pos} bytes after the end of the deflate stream")
             break
-        data = data.lstrip(b"\0")  # members may be padded with zeros
-        if not data:
+        window = _FIRST_WINDOW
+        while pos < end:  # members may be padded with zeros (the same doubling window)
+            block = body[pos : pos + window]
+            rest = block.lstrip(b"\0")
+            pos += len(block) - len(rest)
+            if rest:
+                break
+            window = min(window * 2, _MAX_WINDOW)
+        if pos >= end:
             break
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+    parts = [p for p in parts if p]
+    if len(parts) == 1:
+        return parts[0]
+    return b"".join(parts)
 
