@@ -175,3 +175,59 @@ def test_the_dashboards_actions_are_the_apis_a_resolved_run_that_repeats_is_stop
         # A name sent in the path shows as text, not as markup.
         shown = client.get("/runs/<img src=x onerror=alert(1)>")
         assert shown.status_code == 404 and "<img" not in shown.text and "&lt;img" in shown.text
+
+
+def test_a_signed_in_browser_cannot_be_made_to_act_by_another_page(live: Running) -> None:
+    import re
+
+    spans = loop_spans(2)
+    tid = trace_id_of(spans)
+    assert httpx.post(f"{live.url}/v1/traces", content=protobuf_body(spans), headers=PB).status_code == 200
+    with httpx.Client(base_url=live.url) as browser_like:
+        signed = browser_like.post("/login", data={"token": TOKEN, "next": "/"}, follow_redirects=False)
+        assert signed.status_code == 303
+        cookie = signed.headers["set-cookie"]
+        # The cookie holds a session id, never the token; HttpOnly, SameSite=Strict, and not
+        # Secure over plain HTTP (the browser would not send it back).
+        assert TOKEN not in cookie and cookie.startswith("tripwire_session=")
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Secure" not in cookie
+        # What a page on another port of the same host can make the browser send: the cookie,
+        # without the session's CSRF token. Refused, and nothing raised.
+        live.service.kill.clear(tid)
+        forged = browser_like.post(f"/api/runs/{tid}/kill")
+        assert forged.status_code == 403 and "X-CSRF-Token" in forged.text
+        assert live.service.kill.get(tid, time.time()) is None
+        assert browser_like.post(f"/api/runs/{tid}/kill", headers={"X-CSRF-Token": "0" * 32}).status_code == 403
+        # The dashboard's own page knows the token; with it the same call acts.
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', browser_like.get(f"/runs/{tid}").text)
+        assert csrf is not None
+        acted = browser_like.post(f"/api/runs/{tid}/kill", headers={"X-CSRF-Token": csrf[1]})
+        assert acted.status_code == 200
+        assert live.service.kill.get(tid, time.time()) is not None
+    # An API client with its bearer token needs no CSRF token (no other page can send it).
+    assert httpx.post(f"{live.url}/api/runs/{tid}/resolve", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    # Behind a TLS proxy that says so, the cookie is Secure.
+    proxied = httpx.post(f"{live.url}/login", data={"token": TOKEN}, headers={"X-Forwarded-Proto": "https"}, follow_redirects=False)
+    assert "Secure" in proxied.headers["set-cookie"]
+
+
+def test_every_response_carries_the_security_headers(live: Running) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for path, headers in (("/", auth), ("/login", {}), ("/api/runs", auth), ("/healthz", {}), ("/static/tripwire.css", {}), ("/api/runs", {})):
+        got = httpx.get(f"{live.url}{path}", headers=headers)
+        assert got.headers["x-frame-options"] == "DENY", path
+        assert got.headers["x-content-type-options"] == "nosniff", path
+        assert got.headers["referrer-policy"] == "no-referrer", path
+        policy = got.headers["content-security-policy"]
+        assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy, path
+
+
+def test_sign_in_is_throttled_per_address(live: Running) -> None:
+    for _ in range(10):
+        assert httpx.post(f"{live.url}/login", data={"token": "wrong-token-0123456789"}).status_code == 401
+    # The 11th try within the minute waits, even with the right token: guessing is slowed to
+    # ten tries a minute per address.
+    held = httpx.post(f"{live.url}/login", data={"token": TOKEN}, follow_redirects=False)
+    assert held.status_code == 429 and 0 < int(held.headers["retry-after"]) <= 60
+    # An API client with its token is not affected.
+    assert httpx.get(f"{live.url}/api/runs", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200

@@ -58,15 +58,19 @@ def test_serve_extra_alone_gives_a_working_sign_in_and_kill(browser: Any, tmp_pa
         assert match, first + (proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
         token, url = match.group(1), f"http://127.0.0.1:{port}"
         headers = {"Authorization": f"Bearer {token}"}
-        # A healthy agent early in its run (each makes 12 or more different calls, about 0.3 s
-        # apart; the looping ones are judged stuck by their 4th).
+        # A healthy agent early in its run: 12 or more different calls, about 0.3 s apart,
+        # alternating search_docs and fetch_page (which no looping demo agent calls).
         run: dict[str, Any] = {}
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and not run:
             try:
                 got = httpx.get(f"{url}/api/runs?verdict=working&status=running&limit=50", headers=headers, timeout=5)
-                runs = [r for r in got.json()["runs"] if 2 <= r["tool_calls"] <= 5]
-                run = runs[0] if runs else {}
+                for r in got.json()["runs"]:
+                    if 2 <= r["tool_calls"] <= 5:
+                        calls = httpx.get(f"{url}/api/runs/{r['trace_id']}", headers=headers, timeout=5).json()["calls"]
+                        if any(c["tool"] == "fetch_page" for c in calls):
+                            run = r
+                            break
             except httpx.TransportError:
                 pass
             time.sleep(0.2)

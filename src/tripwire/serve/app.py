@@ -49,6 +49,7 @@ from typing import Any, Final
 
 import xxhash
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -73,6 +74,7 @@ from tripwire.serve.killchannel import (
 from tripwire.serve.metrics import Metrics
 from tripwire.serve.otlp import BodyTooLarge, decode_request, decompress
 from tripwire.serve.spool import Spool, SpoolBusy
+from tripwire.serve.websecurity import SESSION_COOKIE, LoginThrottle, SecurityHeaders, Sessions
 from tripwire.store.runs import MAX_OFFSET, MAX_PAGE, Batch, FlagRow, RunRow, RunStore
 
 __all__ = ["GC_YOUNG", "ServeConfig", "Service", "create_app", "tune_gc"]
@@ -223,6 +225,9 @@ class Service:
         self._writer_started = False
         self._closed = False
         self._fleet_lock = threading.Lock()
+        self.sessions = Sessions()
+        """The dashboard's sign-in sessions (see :mod:`tripwire.serve.websecurity`)."""
+        self.login_throttle = LoginThrottle()
         self._warned: set[str] = set()
         self.unwritten: list[Outcome] = []
         """Outcomes whose urgent writes failed (the store is down): retried every tick; while
@@ -700,18 +705,32 @@ class Service:
         return self.actor(request) is not None
 
     def actor(self, request: Request) -> str | None:
-        """The name of the token the request carries (its bearer header, else the dashboard's
-        cookie), or ``None`` when it carries no accepted token. With auth off: ``anonymous``."""
+        """Who the request acts for: the name of the token in its bearer header, else of the
+        token its dashboard session was opened with; ``None`` when it carries neither (or an
+        unknown token, or an ended session). With auth off: ``anonymous``."""
         if not self.config.auth:
             return "anonymous"
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            cookie = request.cookies.get("tripwire_token")
-            if not cookie:
-                return None
-            token = cookie
-        given = token.strip().encode()
+        token = self.bearer(request)
+        if token is None:
+            return self.sessions.actor(request.cookies.get(SESSION_COOKIE, ""), self.clock())
+        return self.token_name(token)
+
+    @staticmethod
+    def bearer(request: Request) -> str | None:
+        """The token of the request's ``Authorization: Bearer`` header, if it has one."""
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+    def csrf_ok(self, request: Request, given: str) -> bool:
+        """Whether a state change may go ahead: it authenticated with its ``Authorization``
+        header (which no other site's page can send), or ``given`` is its session's CSRF token."""
+        if not self.config.auth or self.bearer(request) is not None:
+            return True
+        return self.sessions.csrf_ok(request.cookies.get(SESSION_COOKIE, ""), given)
+
+    def token_name(self, token: str) -> str | None:
+        """The name of an accepted token (``None`` for any other), compared in constant time."""
+        given = token.encode()
         found: int | None = None
         for i, accepted in enumerate(self.config.tokens):  # every token compared: constant time
             if hmac.compare_digest(given, accepted.encode()):
@@ -938,13 +957,19 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
         return JSONResponse(body)
 
     async def act(request: Request) -> Response:
-        if svc.actor(request) is None:
+        actor = svc.actor(request)
+        if actor is None:
             return unauthorized()
+        if not svc.csrf_ok(request, request.headers.get("x-csrf-token", "")):
+            return JSONResponse(
+                {"error": "forbidden", "detail": "a signed-in browser's action needs its X-CSRF-Token; "
+                 "or send Authorization: Bearer <token>"},
+                status_code=403,
+            )
         trace_id = request.path_params["trace_id"].lower()
         action = request.path_params["action"]
         if action not in ACTIONS:
             return JSONResponse({"error": "unknown action", "accepted": list(ACTIONS)}, status_code=404)
-        actor = svc.actor(request) or "unknown"
         row = await svc.operate(trace_id, action, message=f"killed by {actor} through the API", actor=actor, via="api")
         if row is None:
             return JSONResponse({"error": "no such run", "trace_id": trace_id}, status_code=404)
@@ -1100,7 +1125,7 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
         from tripwire.serve.dashboard import dashboard_routes
 
         routes += dashboard_routes(svc)
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(SecurityHeaders)])
     app.state.service = svc
     return app
 

@@ -11,10 +11,9 @@ carry a CSRF token derived from that token.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import json
-import secrets
+import math
 import time
 from html import escape
 from pathlib import Path
@@ -28,6 +27,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from tripwire.serve.killchannel import ACTIONS
+from tripwire.serve.websecurity import SESSION_COOKIE, SESSION_TTL_S
 from tripwire.store.runs import RunStore, runs, verdicts
 
 if TYPE_CHECKING:
@@ -109,19 +109,14 @@ class _Pages:
         self.svc = svc
         self.store: RunStore = svc.store
         self.env = _env()
-        self.secret = secrets.token_bytes(32)
 
     # -- auth --------------------------------------------------------------------------------
 
-    def token_of(self, request: Request) -> str:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() == "bearer" and token:
-            return token.strip()
-        return request.cookies.get("tripwire_token", "")
-
     def csrf(self, request: Request) -> str:
-        return hmac.new(self.secret, self.token_of(request).encode(), hashlib.sha256).hexdigest()[:32]
+        """The CSRF token the page's forms carry: derived from the request's bearer token, else
+        from its session (every form post must carry it, however it authenticated)."""
+        token = self.svc.bearer(request)
+        return self.svc.sessions.csrf("bearer " + token if token else request.cookies.get(SESSION_COOKIE, ""))
 
     def page(self, name: str, **context: Any) -> HTMLResponse:
         return HTMLResponse(self.env.get_template(name).render(**context))
@@ -257,19 +252,38 @@ def dashboard_routes(svc: Service) -> list[Any]:
         return pages.page("login.html", title="Sign in", page="login", error=None, next=request.query_params.get("next", "/"))
 
     async def login(request: Request) -> Response:
+        client = request.client.host if request.client is not None else ""
+        now = svc.clock()
+        wait = svc.login_throttle.wait_s(client, now)
+        if wait > 0:
+            return HTMLResponse(
+                pages.env.get_template("login.html").render(
+                    title="Sign in", page="login", next="/",
+                    error=f"Too many failed sign-ins from this address: try again in {math.ceil(wait)} s.",
+                ),
+                status_code=429,
+                headers={"Retry-After": str(math.ceil(wait))},
+            )
         form = await request.form()
         token = str(form.get("token", "")).strip()
         target = str(form.get("next", "/"))
         if not target.startswith("/") or target.startswith("//"):
             target = "/"
-        ok = any(hmac.compare_digest(token.encode(), t.encode()) for t in svc.config.tokens)
-        if not ok:
+        actor = svc.token_name(token) if svc.config.auth else "anonymous"
+        if actor is None:
+            svc.login_throttle.failed(client, now)
             return HTMLResponse(
                 pages.env.get_template("login.html").render(title="Sign in", page="login", error="That token is not accepted.", next=target),
                 status_code=401,
             )
         response = RedirectResponse(target, status_code=303)
-        response.set_cookie("tripwire_token", token, httponly=True, samesite="strict", max_age=12 * 3600)
+        # The cookie holds a session id, never the token; Secure when the browser came by TLS
+        # (directly, or through a proxy that says so).
+        secure = request.url.scheme == "https" or request.headers.get("x-forwarded-proto", "").lower() == "https"
+        response.set_cookie(
+            SESSION_COOKIE, svc.sessions.open(actor, now), httponly=True, samesite="strict",
+            max_age=int(SESSION_TTL_S), secure=secure,
+        )
         return response
 
     async def fleet(request: Request) -> Response:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -367,6 +368,7 @@ class RunStore:
             kwargs["connect_args"] = {"connect_timeout": 5}
         engine = sa.create_engine(url, **kwargs)
         if url.startswith("sqlite:"):
+            _create_private(engine.url.database)
             sa.event.listen(engine, "connect", _sqlite_pragmas)
         store = cls(engine, url)
         if migrate:
@@ -752,6 +754,16 @@ class _Upsert:
 def _as_dict(value: Any) -> dict[str, Any]:
     names = getattr(value, "__struct_fields__", None) or value.__slots__
     return {name: getattr(value, name) for name in names}
+
+
+def _create_private(path: str | None) -> None:
+    """Create a new SQLite file readable by its owner only (0600: it holds the fleet's runs,
+    receipts and, with ``--store-raw``, tool arguments); SQLite gives its ``-wal`` and ``-shm``
+    files the same mode. An existing file keeps the mode its owner gave it."""
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    with contextlib.suppress(OSError):  # it exists, or SQLite will say what is wrong
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
