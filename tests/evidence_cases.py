@@ -1,4 +1,5 @@
-"""The result-evidence cases of issue 15, as plain data: each is judged through the public API
+"""The result-evidence cases of issue 15 (and issue 39's: failures with nothing to say, a
+compiler error after each edit, a silent check between edits), as plain data: each is judged through the public API
 (``LoopWatcher``, ``Guard``) and through replayed OTLP spans, and must come out as written here.
 
 A case is a list of tool calls (tool, arguments, the result text, the time in seconds) and what
@@ -31,6 +32,8 @@ class Step:
     result: str
     at: float
     """Seconds since the run started."""
+    error: str | None = None
+    """The error class when the call failed (its result is then the failure's text)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,16 @@ def _letter_uuid(i: int) -> str:
     no digit before the first dash."""
     text = str(uuid.UUID(bytes=hashlib.sha256(b"%d" % i).digest()[:16]))
     return "".join("abcdef"[int(c, 16) % 6] for c in text[:8]) + text[8:]
+
+
+def _mute_steps() -> tuple[Step, ...]:
+    """javac, mvn, gradle, java, each "command not found", three calls that worked after each."""
+    out: list[Step] = []
+    for i, tool in enumerate(("javac", "mvn", "gradle", "java")):
+        out.append(Step(tool, {"command": f"{tool} Foo"}, f"/bin/bash: line {i + 1}: {tool}: command not found", len(out), "command_not_found"))
+        for j in range(3 if i < 3 else 0):
+            out.append(Step("open", {"path": f"src/F{i}{j}.java"}, f"class F{i}{j} {{ int x = {i + j}; }}", len(out)))
+    return tuple(out)
 
 
 def cases() -> list[Case]:
@@ -178,6 +191,36 @@ def cases() -> list[Case]:
             None,
         ),
         Case(
+            "four different commands not found within twenty calls, whatever the tools",
+            _mute_steps(),
+            13,
+            reason_has=("failed with nothing to say",),
+        ),
+        Case(
+            "a compiler error after each of six different edits",
+            tuple(
+                step
+                for i in range(6)
+                for step in (
+                    Step("edit", {"line": i, "text": f"fix {i}"}, f"File updated at line {i}.", 2.0 * i),
+                    Step("javac", {"file": "Foo.java"}, f"Foo.java:{i + 3}: error: ';' expected", 2.0 * i + 1, "compile_error"),
+                )
+            ),
+            None,
+        ),
+        Case(
+            "a script that prints nothing, rerun after each of four different edits",
+            tuple(
+                step
+                for i in range(5)
+                for step in (
+                    Step("edit", {"line": i, "text": f"fix {i}"}, f"File updated at line {i}.", 2.0 * i),
+                    Step("python", {"command": "python reproduce.py"}, "", 2.0 * i + 1),
+                )
+            )[1:],
+            None,
+        ),
+        Case(
             "a 15-file batch done twice, each write confirmed",
             _steps([("write_file", {"path": f"src/f{i % 15}.py", "text": "x"}, "write complete") for i in range(30)]),
             None,
@@ -219,6 +262,7 @@ def replay_case(case: Case, policy: LoopPolicy | None = None) -> list[tuple[str,
                 start_s=step.at,
                 end_s=step.at + 0.1,
                 result_digest=DEFAULT_NORMALIZER.result_digest(step.result),
+                error_type=step.error,
             )
         )
         current = watcher.current

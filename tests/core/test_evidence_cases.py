@@ -69,9 +69,12 @@ def test_guard_stops_the_run_exactly_where_the_case_is_stuck(case: Case) -> None
         try:
             guard.before_tool(step.tool, step.args)
             bodies_run += 1  # the tool body runs only after before_tool let it
-            assessment = guard.after_tool(
-                step.tool, step.args, ToolResult.success(step.result), start_s=step.at, end_s=step.at + 0.1
+            result = (
+                ToolResult.success(step.result)
+                if step.error is None
+                else ToolResult.error(step.error, value=step.result)
             )
+            assessment = guard.after_tool(step.tool, step.args, result, start_s=step.at, end_s=step.at + 0.1)
         except LoopDetected as exc:
             stopped_at = index
             assert exc.call_index == index

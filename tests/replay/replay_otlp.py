@@ -34,8 +34,10 @@ def tool_span(
     parent: int | None = 1,
     result: str | None = None,
     call_id: str | None = None,
+    error: str | None = None,
 ) -> dict[str, Any]:
-    """An ``execute_tool`` span starting ``at`` seconds after :data:`T0`."""
+    """An ``execute_tool`` span starting ``at`` seconds after :data:`T0` (status ERROR with
+    ``error.type`` when ``error`` is given)."""
     attrs = [s("gen_ai.operation.name", "execute_tool"), s("gen_ai.tool.name", tool)]
     if args is not None:
         attrs.append(s("gen_ai.tool.call.arguments", json.dumps(args)))
@@ -43,6 +45,8 @@ def tool_span(
         attrs.append(s("gen_ai.tool.call.result", result))
     if call_id is not None:
         attrs.append(s("gen_ai.tool.call.id", call_id))
+    if error is not None:
+        attrs.append(s("error.type", error))
     out: dict[str, Any] = {
         "traceId": trace_id(trace),
         "spanId": span_id(span),
@@ -51,7 +55,7 @@ def tool_span(
         "startTimeUnixNano": str(T0 + at * 10**9),
         "endTimeUnixNano": str(T0 + at * 10**9 + 10**8),
         "attributes": attrs,
-        "status": {},
+        "status": {} if error is None else {"code": 2, "message": error},
     }
     if parent is not None:
         out["parentSpanId"] = span_id(parent)

@@ -27,7 +27,10 @@ def _policy(case: Case) -> LoopPolicy:
 def test_replayed_spans_are_judged_as_the_issue_says(case: Case, tmp_path: Path) -> None:
     spans = [agent_span(1, 1, "agent")]
     spans += [
-        tool_span(1, 100 + i, step.tool, step.args, at=int(step.at) + 1, result=step.result, call_id=f"call_{i}")
+        tool_span(
+            1, 100 + i, step.tool, step.args, at=int(step.at) + 1, result=step.result, call_id=f"call_{i}",
+            error=step.error,
+        )
         for i, step in enumerate(case.steps)
     ]
     path = tmp_path / "trace.json"
