@@ -159,7 +159,8 @@ def _http(bodies: list[bytes], seconds: float, extra: list[str]) -> tuple[float,
         deadline = time.monotonic() + 30
         while True:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                got = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                if got.status_code == 200 and got.json().get("started", True):
                     break
             except httpx.TransportError:
                 pass

@@ -13,7 +13,8 @@ verdict and its alert in the outbox (and, with Redis, its kill flag key).
 1. **Redis restarted** mid-run: a private ``redis-server`` on another port, started by this
    script (never the shared one on 6379), stopped (``SHUTDOWN``, its snapshot saved) and
    started again 3 s later. The service uses it as its kill channel.
-2. **PostgreSQL unreachable for 10 s**: the store is ``127.0.0.1:5432/test`` through a TCP proxy
+2. **PostgreSQL unreachable for 10 s**: the store is ``127.0.0.1:5432/tripwire_bench_faults`` (a
+   database of its own, made if missing) through a TCP proxy
    of this script's own (asyncio); the proxy drops every connection and refuses new ones for
    10 s.
 3. **SIGKILL**: the service (SQLite store) is killed with SIGKILL mid-run and started again on
@@ -50,7 +51,18 @@ from typing import Any
 TOKEN = "faults-token-0123456789abcdef"
 CALLS = 8
 PER_REQUEST = 32
-PG = "postgresql+psycopg://postgres@127.0.0.1:{port}/test"
+PG_DATABASE = "tripwire_bench_faults"
+"""A database of the bench's own (made if missing): it empties its runs table, and the tests'
+``test`` database may be in use meanwhile."""
+PG = "postgresql+psycopg://postgres@127.0.0.1:{port}/" + PG_DATABASE
+
+
+def _own_database() -> None:
+    import psycopg
+
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True, connect_timeout=5) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)).fetchone() is None:
+            conn.execute(f'CREATE DATABASE "{PG_DATABASE}"')
 
 
 def free_port() -> int:
@@ -180,7 +192,8 @@ def start_serve(port: int, store: str, tmp: Path, extra: list[str]) -> subproces
         if proc.poll() is not None:
             raise SystemExit(f"tripwire serve exited; see {tmp / 'serve.log'}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+            got = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            if got.status_code == 200 and got.json().get("started", True):
                 return proc
         except httpx.TransportError:
             pass
@@ -326,6 +339,7 @@ def postgres_outage(n_runs: int, rate: float, seconds: float = 10.0) -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="tripwire-faults-pg-"))
     try:
+        _own_database()
         direct = RunStore.open(PG.format(port=5432))
     except Exception as exc:
         print(f"\n2. PostgreSQL unreachable: SKIPPED, PostgreSQL at 127.0.0.1:5432 is not there ({exc})")

@@ -264,7 +264,8 @@ def main() -> None:
         deadline = time.monotonic() + 30
         while True:
             try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                got = httpx.get(f"{url}/healthz", timeout=1)
+                if got.status_code == 200 and got.json().get("started", True):
                     break
             except httpx.TransportError:
                 pass

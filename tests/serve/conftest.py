@@ -22,6 +22,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 from tripwire.serve import ServeConfig, Service, create_app
+from tripwire.serve.connections import http_protocol
 from tripwire.store.runs import RunStore
 
 TOKEN = "test-token-0123456789abcdef"
@@ -54,13 +55,14 @@ def running_service(config: ServeConfig, store: RunStore) -> Iterator[Running]:
     server = uvicorn.Server(
         uvicorn.Config(
             app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+            http=http_protocol(config.header_timeout_s),  # as tripwire serve runs it
             timeout_graceful_shutdown=5,  # a browser's keep-alive connection must not hold it
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
-    while not server.started:
+    while not (server.started and service.started.is_set()):
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the test server did not start")
         time.sleep(0.01)

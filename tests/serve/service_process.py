@@ -36,7 +36,8 @@ def serve_process(
 
 
 def wait_ready(port: int, proc: subprocess.Popen[bytes], *, timeout: float = 30.0) -> None:
-    """Until ``/healthz`` answers on ``port``; fails when the process exits first."""
+    """Until ``/healthz`` answers on ``port`` and says the service started (it listens at once,
+    then resumes the runs left running); fails when the process exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -45,7 +46,8 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], *, timeout: float = 30.
                 f"tripwire serve exited with {proc.returncode} before it listened on {port}: {said}"
             )
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+            got = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            if got.status_code == 200 and got.json().get("started", True):  # runs resumed
                 return
         except httpx.TransportError:
             pass

@@ -262,7 +262,7 @@ def test_every_endpoint_but_healthz_needs_the_token(service: Running) -> None:
 def test_readyz_reports_the_store(service: Running) -> None:
     got = httpx.get(f"{service.url}/readyz")
     assert got.status_code == 200
-    assert got.json() == {"status": "ready", "store": True, "kill_channel": True}
+    assert got.json() == {"status": "ready", "store": True, "kill_channel": True, "started": True}
 
 
 def test_metrics_count_spans_transitions_and_runs(service: Running) -> None:

@@ -120,12 +120,16 @@ def _serve_demo(port: int, duration: float | None) -> None:
     store = RunStore.open(store_url)
     service = Service(config, store=store)
     app_ = create_app(config, service=service)
-    server = uvicorn.Server(uvicorn.Config(app_, host="127.0.0.1", port=port, log_level="warning"))
+    from tripwire.serve.connections import http_protocol
+
+    server = uvicorn.Server(
+        uvicorn.Config(app_, host="127.0.0.1", port=port, log_level="warning", http=http_protocol(config.header_timeout_s))
+    )
     stop = threading.Event()
     url = f"http://127.0.0.1:{port}"
 
     def fleet() -> None:
-        while not server.started and not stop.is_set():
+        while not (server.started and service.started.is_set()) and not stop.is_set():
             stop.wait(0.05)
         run_fleet(url, token, stop)
 

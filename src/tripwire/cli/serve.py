@@ -265,6 +265,8 @@ def serve(
     )
     app_ = create_app(config, service=service)
     tune_gc()
+    from tripwire.serve.connections import http_protocol
+
     uvicorn.run(
         app_,
         host=host_,
@@ -272,4 +274,5 @@ def serve(
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=10,
+        http=http_protocol(config.header_timeout_s),
     )

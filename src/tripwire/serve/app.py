@@ -142,7 +142,14 @@ class ServeConfig:
     max_inflight: int = 4
     """Requests processed at once; more get 503 with Retry-After. Decoding and judging run on
     the event loop one request at a time, so more in flight only adds latency (the overload
-    bench: with 16, answers took so long that 128 client connections were all waiting)."""
+    bench: with 16, answers took so long that 128 client connections were all waiting). A
+    request counts only once its body is in: uploads that stall cannot hold these slots."""
+    body_timeout_s: float = 30.0
+    """The most time an export request's body may take to arrive (after its head); a slower
+    one gets 408 and its connection is closed."""
+    header_timeout_s: float = 10.0
+    """The most time a client may take to send a request's head, from connecting or from its
+    previous answer (closed, unanswered, past it: see :mod:`tripwire.serve.connections`)."""
     max_buffered_spans: int = 200_000
     """Spans waiting in the reorder buffer at most; more get 503 with Retry-After."""
     reorder_s: float = 0.2
@@ -225,6 +232,10 @@ class Service:
         self._writer_started = False
         self._closed = False
         self._fleet_lock = threading.Lock()
+        self.started = threading.Event()
+        """Set once :meth:`start` is done: until then export requests get 503 (the service
+        listens at once after a restart, and resumes the runs left running meanwhile)."""
+        self.start_failed: BaseException | None = None
         self.sessions = Sessions()
         """The dashboard's sign-in sessions (see :mod:`tripwire.serve.websecurity`)."""
         self.login_throttle = LoginThrottle()
@@ -627,6 +638,8 @@ class Service:
 
     def saturated(self) -> str | None:
         """Why a new export request must wait (503 with Retry-After), or ``None``."""
+        if not self.started.is_set():
+            return "the receiver is starting (resuming the runs an earlier one left); retry later"
         if self.unwritten:
             return "the run store is unavailable; retry later"
         if self.inflight >= self.config.max_inflight or self.fleet.buffered >= self.config.max_buffered_spans:
@@ -824,16 +837,24 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
             body, media = _status_body(reply_kind, 8, f"request body over {config.max_body_bytes} bytes")
             svc.metrics.requests.labels(code="413").inc()
             return Response(body, status_code=413, media_type=media)
+        try:
+            raw = await asyncio.wait_for(_read_body(request, config.max_body_bytes), config.body_timeout_s)
+        except asyncio.TimeoutError:  # a class of its own before Python 3.11
+            body, media = _status_body(reply_kind, 4, f"the request body did not arrive within {config.body_timeout_s:g} s")
+            svc.metrics.requests.labels(code="408").inc()
+            return Response(body, status_code=408, media_type=media, headers={"Connection": "close"})
+        if raw is None:
+            body, media = _status_body(reply_kind, 8, f"request body over {config.max_body_bytes} bytes")
+            svc.metrics.requests.labels(code="413").inc()
+            return Response(body, status_code=413, media_type=media)
+        why = svc.saturated()  # again: other requests may have filled the slots meanwhile
+        if why is not None:
+            body, media = _status_body(reply_kind, 14, why)
+            svc.metrics.requests.labels(code="503").inc()
+            return Response(body, status_code=503, media_type=media, headers={"Retry-After": "1"})
         svc.inflight += 1
         started = time.perf_counter()
         try:
-            raw = bytearray()
-            async for chunk in request.stream():
-                raw += chunk
-                if len(raw) > config.max_body_bytes:
-                    body, media = _status_body(reply_kind, 8, f"request body over {config.max_body_bytes} bytes")
-                    svc.metrics.requests.labels(code="413").inc()
-                    return Response(body, status_code=413, media_type=media)
             try:
                 encoding = request.headers.get("content-encoding")
                 if encoding is None or encoding.strip().lower() in ("", "identity"):
@@ -908,14 +929,15 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
             svc.metrics.latency.observe(time.perf_counter() - started)
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "started": svc.started.is_set()})
 
     async def readyz(request: Request) -> Response:
         store_ok = await asyncio.to_thread(svc.store.ping)
         kill_ok = await asyncio.to_thread(svc.kill.ping)
-        ok = store_ok and kill_ok
+        started = svc.started.is_set()
+        ok = store_ok and kill_ok and started
         return JSONResponse(
-            {"status": "ready" if ok else "not ready", "store": store_ok, "kill_channel": kill_ok},
+            {"status": "ready" if ok else "not ready", "store": store_ok, "kill_channel": kill_ok, "started": started},
             status_code=200 if ok else 503,
         )
 
@@ -1070,10 +1092,18 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        svc.start()
         stop = asyncio.Event()
 
         async def ticker() -> None:
+            # Listen at once; resume the runs an earlier receiver left running (100,000 rows
+            # took 54 s) and replay its spool meanwhile, export requests answered 503.
+            try:
+                await asyncio.to_thread(svc.start)
+            except Exception as exc:
+                svc.start_failed = exc
+                logger.error("the receiver could not start (export requests get 503): %r", exc)
+                return
+            svc.started.set()
             while not stop.is_set():
                 try:
                     await svc.tick()
@@ -1128,6 +1158,16 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(SecurityHeaders)])
     app.state.service = svc
     return app
+
+
+async def _read_body(request: Request, limit: int) -> bytearray | None:
+    """The request's body, or ``None`` past ``limit`` bytes (the rest left unread)."""
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            return None
+    return raw
 
 
 async def _discard_body(request: Request, limit: int) -> None:
