@@ -604,7 +604,7 @@ def cause_for(payload: dict[str, Any]) -> Assessment | Stop:
     limit_name = str(payload.get("limit_name") or "operator")
     message = str(payload.get("message") or "the fleet service stopped this run")[:500]
     actor = payload.get("actor")
-    if payload.get("kind") == "operator" and isinstance(actor, str) and actor:
+    if payload.get("kind") == "operator" and isinstance(actor, str) and actor and actor not in message:
         message = f"{message} (by {actor[:200]})"
     return Stop(
         reason=_reason(payload.get("reason")) or StopReason.USER_CANCELLED,

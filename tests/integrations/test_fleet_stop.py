@@ -194,7 +194,7 @@ def assert_operator_kill(probe: Probe, killer: Killer, out: StoppedRun, receipts
     # through what, and when: what the service's own receipt of the run says.
     assert receipt.condition["by"] == flag["actor"] == "TRIPWIRE_TOKEN"
     assert receipt.condition["via"] == "api" and receipt.condition["at"] == flag["at"]
-    assert "by TRIPWIRE_TOKEN" in out.message
+    assert "TRIPWIRE_TOKEN" in out.message
     bodies_after = probe.after("tool", at=killer.killed_at)
     models_after = probe.after("model", at=killer.killed_at)
     print(f"operator kill: {bodies_after} bodies and {models_after} model calls after it")
