@@ -62,10 +62,13 @@ class Fleet:
 
 
 @contextmanager
-def fleet(tmp: Path) -> Iterator[Fleet]:
+def fleet(tmp: Path, redis_url: str | None = None) -> Iterator[Fleet]:
+    """``tripwire serve`` on a free port; with ``redis_url``, its kill channel is Redis."""
     port = free_port()
     args = ["--port", str(port), "--store", f"sqlite:///{tmp / 'runs.db'}", "--spool", "off",
             "--reorder-ms", "0", "--log-format", "text"]  # fmt: skip
+    if redis_url is not None:
+        args += ["--redis", redis_url]
     proc = serve_process(args, env={"TRIPWIRE_TOKEN": TOKEN}, stderr=tmp / "serve.log")
     try:
         wait_ready(port, proc)

@@ -243,6 +243,57 @@ def test_pydantic_ai_operator_kill(probe: Probe, pai: Any) -> None:
     assert_operator_kill(probe, killer, _stopped(out), got)
 
 
+@pytest.fixture
+def redis_probe(
+    redis_client: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Probe]:
+    """The same agent, the service and the agent sharing Redis: the environment names only
+    ``TRIPWIRE_REDIS_URL`` (pub/sub pushes the flag)."""
+    from conftest import REDIS_URL
+
+    with fh.fleet(tmp_path, redis_url=REDIS_URL) as running:
+        monkeypatch.setenv("TRIPWIRE_REDIS_URL", REDIS_URL)
+        remote.disconnect()
+        made = Probe(running, model_s=MODEL_S)
+        fh.PROBE = made
+        try:
+            yield made
+        finally:
+            fh.PROBE = None
+            made.close()
+            remote.disconnect()
+            killswitch.KILL_FLAGS.clear_all()
+
+
+@pytest.mark.redis
+def test_pydantic_ai_loop_is_stopped_by_the_fleet_through_redis(redis_probe: Probe, pai: Any) -> None:
+    """The issue's case: the Tripwire capability with the Redis channel ran all 30 bodies."""
+    from tripwire.integrations.pydantic_ai import Tripwire
+
+    got, sink = _receipts()
+    agent = pai.build(pai.looping, ProbedCounters(), Tripwire(loop_policy=None, on_receipt=sink))
+    with redis_probe.run():
+        out = agent.run_sync("What is the refund policy?").output
+    assert remote.current() is not None and remote.current().redis_url is not None
+    assert_fleet_loop_stop(redis_probe, _stopped(out), got)
+
+
+@pytest.mark.redis
+def test_pydantic_ai_operator_kill_through_redis(redis_probe: Probe, pai: Any) -> None:
+    from tripwire.integrations.pydantic_ai import Tripwire
+
+    from .scripts import healthy_calls
+
+    got, sink = _receipts()
+    agent = pai.build(pai.scripted(healthy_calls()), ProbedCounters(), Tripwire(on_receipt=sink))
+    killer = Killer(redis_probe)
+    with redis_probe.run():
+        killer.start()
+        out = agent.run_sync("Research").output
+    killer.join(5)
+    assert_operator_kill(redis_probe, killer, _stopped(out), got)
+
+
 # -- LangChain: the middleware and the callback handler ----------------------------------------
 
 LC_MODES = ["create_agent+middleware", "create_agent+callbacks", "create_react_agent+callbacks"]
