@@ -244,3 +244,54 @@ def test_remote_polls_a_service_without_the_wait_endpoint(sqlite_store: RunStore
             from tripwire.otel.killswitch import KILL_FLAGS
 
             KILL_FLAGS.clear(tid)
+
+
+def _doc_block(marker: str) -> str:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "serve.md").read_text(encoding="utf-8")
+    after = text[text.index(marker):]
+    start = after.index("```python\n") + len("```python\n")
+    return after[start: after.index("```", start)]
+
+
+def test_the_documented_fast_setup_runs_as_written_against_a_service(no_redis: Running) -> None:
+    import subprocess
+    import sys
+
+    setup = _doc_block("docs-test: skip needs a running tripwire serve")
+    assert "instrument(endpoint=url, token=token)" in setup
+    loop = '''
+import json, tripwire
+from opentelemetry import trace
+from tripwire.errors import RunStopped
+tracer = trace.get_tracer("doc-agent")
+bodies = 0
+with tracer.start_as_current_span("invoke_agent looper", attributes={"gen_ai.operation.name": "invoke_agent"}):
+    try:
+        for step in range(30):
+            tripwire.check()
+            with tracer.start_as_current_span("execute_tool search_docs", attributes={
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_docs",
+                "gen_ai.tool.call.arguments": json.dumps({"q": "refund policy"}),
+                "gen_ai.tool.call.result": "No results."}):
+                bodies += 1
+    except RunStopped as exc:
+        print(json.dumps({"bodies": bodies, "reason": exc.reason.value}))
+trace.get_tracer_provider().shutdown()
+'''
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIPWIRE_") or k == "TRIPWIRE_NO_EXTENSIONS"}
+    env.update(TRIPWIRE_URL=no_redis.url, TRIPWIRE_TOKEN=TOKEN, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run([sys.executable, "-c", setup + loop], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"bodies": 4, "reason": "loop_detected"}
+    # The spans reached the service without a flush before the stop: it has the run, stuck.
+    deadline = time.monotonic() + 20
+    runs: list[Any] = []
+    while not runs and time.monotonic() < deadline:
+        runs = httpx.get(f"{no_redis.url}/api/runs", params={"verdict": "stuck"}, headers=AUTH).json()["runs"]
+        time.sleep(0.05)
+    assert runs and runs[0]["tool_calls"] == 4

@@ -36,7 +36,13 @@ from tripwire.otel.processor import (
     TripwireSpanProcessor,
     VerdictChange,
 )
-from tripwire.otel.setup import instrument, limits_from_env, policy_from_env
+from tripwire.otel.setup import (
+    EXPORT_DELAY_MS,
+    export_processor,
+    instrument,
+    limits_from_env,
+    policy_from_env,
+)
 from tripwire.spans import (
     MAPPING_VERSION,
     MappingStats,
@@ -51,6 +57,7 @@ from tripwire.spans import (
 __all__ = [
     "DEFAULT_IDLE_TTL_S",
     "DEFAULT_MAX_TRACES",
+    "EXPORT_DELAY_MS",
     "KILL_FLAGS",
     "MAPPING_VERSION",
     "BudgetStop",
@@ -66,6 +73,7 @@ __all__ = [
     "check",
     "classify",
     "clear",
+    "export_processor",
     "instrument",
     "limits_from_env",
     "map_span",

@@ -8,6 +8,9 @@
     # or, to get the tripwire.* annotations on the spans your exporter sends:
     tripwire.otel.instrument(inner=BatchSpanProcessor(OTLPSpanExporter()))
 
+    # or, to send the spans to `tripwire serve` fast enough for its verdict to stop the run:
+    tripwire.otel.instrument(endpoint="http://127.0.0.1:4318", token=os.environ["TRIPWIRE_TOKEN"])
+
 Settings are read by the one configuration loader, :func:`tripwire.config.load_config`:
 keywords first, then ``TRIPWIRE_*`` environment variables, then the policy file
 (``TRIPWIRE_POLICY``) and the configuration file (``TRIPWIRE_CONFIG``), then the preset
@@ -18,6 +21,7 @@ given in code is never overridden: the variables fill only the fields it leaves 
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 import weakref
@@ -33,7 +37,12 @@ from tripwire.core.policy import LoopPolicy
 from tripwire.errors import ConfigError
 from tripwire.otel.processor import DEFAULT_IDLE_TTL_S, DEFAULT_MAX_TRACES, TripwireSpanProcessor
 
-__all__ = ["ENV_VARS", "instrument", "limits_from_env", "policy_from_env"]
+__all__ = ["ENV_VARS", "EXPORT_DELAY_MS", "export_processor", "instrument", "limits_from_env", "policy_from_env"]
+
+EXPORT_DELAY_MS: Final = 25
+"""How long :func:`export_processor`'s ``BatchSpanProcessor`` lets a finished span wait for
+others before it sends them (the SDK's default is 5000 ms, so a flag from ``tripwire serve``
+came about 5 s after the call that looped). Its worker wakes 40 times a second when idle."""
 
 ENV_VARS: Final = (
     env_name("config"),
@@ -85,10 +94,72 @@ def limits_from_env(
     return load_config({"limits": limits}, env=env).limits
 
 
+def export_processor(
+    endpoint: str,
+    *,
+    token: str | None = None,
+    env: Mapping[str, str] | None = None,
+    schedule_delay_ms: float = EXPORT_DELAY_MS,
+) -> SpanProcessor:
+    """An OTLP/HTTP exporter to ``tripwire serve`` (or any OTLP/HTTP receiver) in a
+    ``BatchSpanProcessor`` that sends each finished span within ``schedule_delay_ms``.
+
+    The settings, for a pipeline you wire yourself::
+
+        BatchSpanProcessor(
+            OTLPSpanExporter(endpoint="http://127.0.0.1:4318/v1/traces",
+                             headers={"Authorization": f"Bearer {token}"}),
+            schedule_delay_millis=25,   # the SDK's default: 5000
+        )
+
+    Spans are sent from the processor's own thread: the agent never waits on the network.
+
+    Args:
+        endpoint: the service's base URL (``http://127.0.0.1:4318``) or its traces URL
+            (``…/v1/traces``).
+        token: the bearer token; default ``TRIPWIRE_TOKEN`` from ``env``; none: no header.
+        env: the environment to read (default ``os.environ``).
+        schedule_delay_ms: the longest a finished span waits before it is sent.
+
+    Raises:
+        ConfigError: ``endpoint`` is not an http(s) URL, ``schedule_delay_ms`` is not a
+            number of milliseconds from 1 to 60000, or the OTLP/HTTP exporter package
+            (``opentelemetry-exporter-otlp-proto-http``) is not installed.
+    """
+    if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
+        raise ConfigError("endpoint", endpoint, "the service's http(s) URL, e.g. http://127.0.0.1:4318")
+    if (
+        isinstance(schedule_delay_ms, bool)
+        or not isinstance(schedule_delay_ms, (int, float))
+        or not 1 <= schedule_delay_ms <= 60_000
+    ):
+        raise ConfigError("schedule_delay_ms", schedule_delay_ms, "a number of milliseconds from 1 to 60000")
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        raise ConfigError(
+            "endpoint", endpoint,
+            "the OTLP/HTTP exporter installed: pip install opentelemetry-exporter-otlp-proto-http",
+        ) from None
+    url = endpoint.rstrip("/")
+    if not url.endswith("/v1/traces"):
+        url += "/v1/traces"
+    if token is None:
+        token = (os.environ if env is None else env).get("TRIPWIRE_TOKEN") or None
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    return BatchSpanProcessor(
+        OTLPSpanExporter(endpoint=url, headers=headers),
+        schedule_delay_millis=float(schedule_delay_ms),
+    )
+
+
 def instrument(
     *,
     provider: TracerProvider | None = None,
     inner: SpanProcessor | None = None,
+    endpoint: str | None = None,
+    token: str | None = None,
     env: Mapping[str, str] | None = None,
     **overrides: Any,
 ) -> TripwireSpanProcessor:
@@ -106,6 +177,11 @@ def instrument(
         inner: a processor to wrap (your exporting ``BatchSpanProcessor``): spans reach it with
             the ``tripwire.*`` annotations. Without it the processor stands alone beside your
             processors and reports verdict changes as ``tripwire.verdict`` child spans.
+        endpoint: send the spans to ``tripwire serve`` at this URL
+            (``http://127.0.0.1:4318``): the inner processor is then
+            :func:`export_processor`'s, which sends each span within
+            :data:`EXPORT_DELAY_MS` (not with ``inner``).
+        token: the service's bearer token for ``endpoint`` (default ``TRIPWIRE_TOKEN``).
         env: the environment to read (default ``os.environ``).
         overrides: settings (``window``, ``threshold``, ``preset``, ``policy=`` a
             ``LoopPolicy``, ``policy_file``, ``config``, ``limits=`` a
@@ -126,6 +202,10 @@ def instrument(
             f"settings ({', '.join(sorted(OPTIONS))}) or processor options "
             f"({', '.join(sorted(_PROCESSOR_ONLY))})",
         )
+    if endpoint is not None and inner is not None:
+        raise ConfigError("endpoint", endpoint, "either endpoint= or inner=, not both")
+    if token is not None and endpoint is None:
+        raise ConfigError("token", "<set>", "a token only with endpoint= (the service it is for)")
     settings = {k: v for k, v in overrides.items() if k not in _PROCESSOR_ONLY}
     kwargs = {k: v for k, v in overrides.items() if k in _PROCESSOR_ONLY}
     config = load_config(settings, env=env)
@@ -144,6 +224,8 @@ def instrument(
                 stacklevel=2,
             )
             return existing
+        if endpoint is not None:
+            inner = export_processor(endpoint, token=token, env=env)
         if inner is None and "tracer" not in kwargs:
             kwargs["tracer"] = sdk_provider.get_tracer("tripwire")
         processor = TripwireSpanProcessor(
