@@ -146,6 +146,91 @@ def agent(url: str, channel: str, export: str, model_s: float) -> dict[str, Any]
     }
 
 
+def openai_loop_agent(url: str, channel: str, export: str, model_s: float) -> dict[str, Any]:
+    """The same agent on ``tripwire.integrations.loop.run_openai`` with an offline fake client
+    (each model call takes ``model_s``, and asks for the same ``search_docs`` call again); the
+    tool function sends its ``execute_tool`` span, as an instrumentation would. No
+    ``tripwire.check()`` written by hand: the adapter checks the fleet before each model call
+    and each tool body, keyed by the current span's trace id."""
+    from openai.types.chat import ChatCompletion
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    import tripwire.otel
+    import tripwire.remote
+    from tripwire.integrations import StoppedRun
+    from tripwire.integrations.loop import run_openai
+
+    if channel == "http":
+        tripwire.remote.connect(url=url, token=TOKEN)
+    else:
+        tripwire.remote.connect(redis_url=channel)
+    provider = TracerProvider()
+    loose = {"threshold": 40, "window": 64, "same_result": 40, "same_error": 40, "revisit": 40}
+    if export == "default":
+        exporter = OTLPSpanExporter(endpoint=f"{url}/v1/traces", headers={"Authorization": f"Bearer {TOKEN}"})
+        tripwire.otel.instrument(provider=provider, inner=BatchSpanProcessor(exporter), **loose)
+    else:
+        tripwire.otel.instrument(provider=provider, endpoint=url, token=TOKEN, **loose)
+    tracer = provider.get_tracer("bench-agent")
+    events: list[str] = []
+
+    class Completions:
+        def create(self, *, model: str, messages: Any, **kw: Any) -> Any:
+            n = len(events)
+            events.append("model")
+            with tracer.start_as_current_span("chat fake-model", attributes={"gen_ai.operation.name": "chat"}):
+                if model_s:
+                    time.sleep(model_s)
+            call = {"id": f"call_{n}", "type": "function",
+                    "function": {"name": "search_docs", "arguments": json.dumps({"query": "refund policy"})}}
+            return ChatCompletion.model_validate({
+                "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 0, "model": model,
+                "choices": [{"index": 0, "finish_reason": "tool_calls",
+                             "message": {"role": "assistant", "content": None, "tool_calls": [call]}}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
+            })
+
+    class Client:
+        def __init__(self) -> None:
+            self.chat = type("Chat", (), {"completions": Completions()})()
+
+    def search_docs(query: str) -> str:
+        with tracer.start_as_current_span("execute_tool search_docs", attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_docs",
+            "gen_ai.tool.call.id": f"call_{len(events)}",
+            "gen_ai.tool.call.arguments": json.dumps({"query": query}),
+            "gen_ai.tool.call.result": "No results.",
+        }):
+            events.append("tool")
+        return "No results."
+
+    with tracer.start_as_current_span(
+        "invoke_agent looper",
+        attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "looper"},
+    ) as root:
+        tid = f"{root.get_span_context().trace_id:032x}"
+        out = run_openai(
+            Client(), model="gpt-4o-mini", messages=[{"role": "user", "content": "refund policy?"}],
+            tools=[{"type": "function", "function": {"name": "search_docs"}}],
+            functions={"search_docs": search_docs}, loop_policy=None, max_turns=STEPS,
+        )
+    provider.shutdown()
+    tools_seen = 0
+    after_models = None
+    for i, kind in enumerate(events):
+        tools_seen += kind == "tool"
+        if kind == "tool" and tools_seen == FLAGGED:
+            after_models = sum(1 for k in events[i + 1:] if k == "model")
+            break
+    return {
+        "trace_id": tid, "bodies": events.count("tool"), "model_calls": events.count("model"),
+        "ended": f"stopped:{out.reason.value}" if isinstance(out, StoppedRun) else "finished",
+        "after": events.count("tool") - FLAGGED, "model_calls_after": after_models, "latency_ms": None,
+    }
+
+
 # -- the bench ------------------------------------------------------------------------------
 
 
@@ -183,11 +268,11 @@ def start_service(tmp: Path, reorder_ms: int, redis: bool) -> tuple[subprocess.P
     raise SystemExit("tripwire serve did not start")
 
 
-def run_agent(url: str, channel: str, export: str, model_s: float) -> dict[str, Any]:
+def run_agent(url: str, channel: str, export: str, model_s: float, kind: str = "loop") -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     env = {k: v for k, v in env.items() if not k.startswith("TRIPWIRE_") or k == "TRIPWIRE_NO_EXTENSIONS"}
     done = subprocess.run(
-        [sys.executable, __file__, "--agent", url, channel, export, str(model_s)],
+        [sys.executable, __file__, "--agent", url, channel, export, str(model_s), kind],
         capture_output=True, text=True, timeout=300, env=env, check=False,
     )
     if done.returncode != 0:
@@ -202,26 +287,27 @@ def _median(values: list[Any]) -> Any:
 
 
 def stops(args: argparse.Namespace, tmp: Path) -> None:
-    print("| --reorder-ms | channel | exporter | per model call | tool bodies after the flagged call (runs) | median | flag reached the agent (median, after the flagged body ended) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| agent | --reorder-ms | channel | exporter | per model call | tool bodies after the flagged call (runs) | median | flag reached the agent (median, after the flagged body ended) |")
+    print("|---|---|---|---|---|---|---|---|")
     for reorder in args.reorder:
         for channel in args.channels:
             proc, url = start_service(tmp, reorder, channel == "redis")
             try:
-                for export in args.exports:
-                    for model_s in args.speeds:
-                        results = [
-                            run_agent(url, REDIS_URL if channel == "redis" else "http", export, model_s)
-                            for _ in range(args.runs)
-                        ]
-                        after = [r["after"] for r in results]
-                        latency = _median([r["latency_ms"] for r in results])
-                        print(
-                            f"| {reorder} | {channel} | {export} | {model_s:g} s | "
-                            f"{', '.join(str(a) for a in after)} | {_median(after)} | "
-                            f"{'-' if latency is None else f'{latency:.0f} ms'} |",
-                            flush=True,
-                        )
+                for kind, export, model_s in (
+                    (k, e, m) for k in args.agents for e in args.exports for m in args.speeds
+                ):
+                    results = [
+                        run_agent(url, REDIS_URL if channel == "redis" else "http", export, model_s, kind)
+                        for _ in range(args.runs)
+                    ]
+                    after = [r["after"] for r in results]
+                    latency = _median([r["latency_ms"] for r in results])
+                    print(
+                        f"| {kind} | {reorder} | {channel} | {export} | {model_s:g} s | "
+                        f"{', '.join(str(a) for a in after)} | {_median(after)} | "
+                        f"{'-' if latency is None else f'{latency:.0f} ms'} |",
+                        flush=True,
+                    )
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
@@ -313,7 +399,9 @@ def channel_only(args: argparse.Namespace, tmp: Path) -> None:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--agent":
         url, channel, export, model_s = sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
-        print(json.dumps(agent(url, channel, export, model_s)))
+        kind = sys.argv[6] if len(sys.argv) > 6 else "loop"
+        run = agent if kind == "loop" else openai_loop_agent
+        print(json.dumps(run(url, channel, export, model_s)))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -321,12 +409,14 @@ def main() -> None:
     parser.add_argument("--channels", default="http,redis")
     parser.add_argument("--exports", default="default,recommended")
     parser.add_argument("--reorder", default="200,0")
+    parser.add_argument("--agents", default="loop", help="loop (tripwire.check() by hand), openai-loop (run_openai)")
     parser.add_argument("--only", default="stops,channel")
     args = parser.parse_args()
     args.speeds = [float(s) for s in args.speeds.split(",")]
     args.channels = args.channels.split(",")
     args.exports = args.exports.split(",")
     args.reorder = [int(r) for r in args.reorder.split(",")]
+    args.agents = args.agents.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         if "stops" in args.only:
             stops(args, Path(tmp))
