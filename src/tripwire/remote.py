@@ -258,7 +258,7 @@ class RemoteKill:
         """Wait for the watched runs' flags at ``POST /api/flags/wait`` (a long poll the service
         answers as soon as one goes up or down), asking again at once when this process starts
         watching a new run; against a service without it (404/405), poll ``POST /api/flags``
-        every ``poll_s`` as before. One event loop in this thread; :meth:`check` is untouched."""
+        every ``poll_s`` as before. One event loop in this thread; :meth:`check` never waits on it."""
         import asyncio
         import contextlib
 
@@ -294,7 +294,8 @@ class RemoteKill:
                 while not self._stop.is_set():
                     push = time.monotonic() >= push_from
                     since = seen()
-                    watched = list(self._watched)[-1000:]
+                    with self._lock:
+                        watched = list(self._watched)[-1000:]
                     if not watched:
                         self._up()
                         await changed(since, self.poll_s)
@@ -311,6 +312,7 @@ class RemoteKill:
                         "flagged": [t for t in watched if t in self._flags],
                         "timeout_s": wait_s,
                     }
+                    asked = time.monotonic()
                     request = asyncio.ensure_future(client.post("/api/flags/wait", json=body))
                     moved = asyncio.ensure_future(changed(since, wait_s + 15.0))
                     await asyncio.wait((request, moved), return_when=asyncio.FIRST_COMPLETED)
@@ -333,6 +335,8 @@ class RemoteKill:
                     response.raise_for_status()
                     apply(watched, response.json().get("flags"))
                     self._up()
+                    if time.monotonic() - asked < 0.02:
+                        await asyncio.sleep(0.02)  # at most 50 answers a second, whatever comes
 
         asyncio.run(main())
 
