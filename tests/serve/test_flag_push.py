@@ -295,3 +295,18 @@ trace.get_tracer_provider().shutdown()
         runs = httpx.get(f"{no_redis.url}/api/runs", params={"verdict": "stuck"}, headers=AUTH).json()["runs"]
         time.sleep(0.05)
     assert runs and runs[0]["tool_calls"] == 4
+
+
+def test_poll_and_wait_answer_the_same_flags(no_redis: Running) -> None:
+    # The two endpoints an agent in any language uses: the poll and the long poll agree.
+    spans = loop_spans(4)
+    tid, other = trace_id_of(spans), "ef" * 16
+    _export(no_redis.url, spans)
+    polled = httpx.post(f"{no_redis.url}/api/flags", json={"trace_ids": [tid, other]}, headers=AUTH)
+    waited = httpx.post(
+        f"{no_redis.url}/api/flags/wait", json={"trace_ids": [tid, other], "flagged": [], "timeout_s": 5}, headers=AUTH,
+    )
+    assert polled.status_code == waited.status_code == 200
+    assert set(polled.json()["flags"]) == {tid}
+    assert waited.json() == {"flags": polled.json()["flags"], "changed": True}
+    assert httpx.post(f"{no_redis.url}/api/flags", json={"trace_ids": [tid]}).status_code == 401
