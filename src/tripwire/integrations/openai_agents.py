@@ -47,6 +47,7 @@ from typing import Any
 from tripwire.core.reasons import StopReason
 from tripwire.errors import RunStopped
 from tripwire.integrations._common import (
+    CallTurns,
     RunControl,
     RunSettings,
     StoppedRun,
@@ -139,6 +140,8 @@ class TripwireHooks(RunHooks[Any]):
         self._counted = False
         self._answer: str | None = None
         self._checked: set[str] = set()
+        self._turns = CallTurns()
+        self._held: dict[str, str] = {}  # tool call id -> its turn, until its result is seen
         self._user_filter: Callable[[CallModelData[Any]], Any] | None = None
         self._settings: ModelSettings | None = None
         self._config: RunConfig | None = None
@@ -257,14 +260,28 @@ class TripwireHooks(RunHooks[Any]):
         stopped = self.control.stopped
         if stopped is not None:  # a sibling in the batch of the call that stopped the run
             return ToolGuardrailFunctionOutput.raise_exception(output_info=stopped)
+        # The SDK checks every call of a batch before any body runs: identical calls take
+        # turns, so the watcher has seen the 3rd's result when it judges the 4th. The turn
+        # is given back in on_tool_end, once the watcher has seen this call's result.
+        key = await self._turns.take(self.control, context.tool_name, context.tool_arguments)
+        held = False
         try:
-            refusal = self.control.before_tool(context.tool_name, context.tool_arguments)
-        except RunStopped as exc:
-            return ToolGuardrailFunctionOutput.raise_exception(output_info=exc)
-        if refusal is not None:
-            return ToolGuardrailFunctionOutput.reject_content(refusal)
-        self._checked.add(context.tool_call_id)
-        return ToolGuardrailFunctionOutput.allow()
+            stopped = self.control.stopped
+            if stopped is not None:  # the call before this one stopped the run
+                return ToolGuardrailFunctionOutput.raise_exception(output_info=stopped)
+            try:
+                refusal = self.control.before_tool(context.tool_name, context.tool_arguments)
+            except RunStopped as exc:
+                return ToolGuardrailFunctionOutput.raise_exception(output_info=exc)
+            if refusal is not None:
+                return ToolGuardrailFunctionOutput.reject_content(refusal)
+            self._checked.add(context.tool_call_id)
+            self._held[context.tool_call_id] = key
+            held = True
+            return ToolGuardrailFunctionOutput.allow()
+        finally:
+            if not held:
+                self._turns.give_back(key)
 
     async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
         call_id = getattr(context, "tool_call_id", None)
@@ -285,7 +302,13 @@ class TripwireHooks(RunHooks[Any]):
             await self._inner.on_tool_start(context, agent, tool)
 
     async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: object) -> None:
-        self.control.after_tool(tool.name, getattr(context, "tool_arguments", None), result)
+        call_id = getattr(context, "tool_call_id", None)
+        key = self._held.pop(call_id, None) if isinstance(call_id, str) else None
+        try:
+            self.control.after_tool(tool.name, getattr(context, "tool_arguments", None), result)
+        finally:
+            if key is not None:
+                self._turns.give_back(key)
         if self._inner is not None:
             await self._inner.on_tool_end(context, agent, tool, result)
 
