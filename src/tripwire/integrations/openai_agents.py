@@ -15,6 +15,9 @@ What it uses of the SDK, and why:
   (``reject_content``); a stop raises the SDK's typed ``ToolInputGuardrailTripwireTriggered``.
   An exception raised *inside* a tool would not stop anything: the SDK turns it into "An error
   occurred while running the tool. Please try again." and the run goes on.
+  The SDK runs the guardrails of one model response's calls before any of their bodies:
+  identical calls take turns (the next is checked once the watcher has seen the result of the
+  one before), so 4 identical calls of one response run 3 bodies, not 4.
 - **RunHooks** (:class:`TripwireHooks`): ``on_llm_end`` reads the usage from the SDK's own
   ``ModelResponse`` (a custom ``Model`` class emits no model spans, so nothing else would count
   it); ``on_tool_end`` hands the result to the loop watcher; hook exceptions propagate.
