@@ -352,6 +352,28 @@ def test_the_sdks_own_max_turns_returns_the_latest_answer_not_an_exception() -> 
     assert got[0].reason is StopReason.MAX_STEPS
 
 
+def test_the_sdks_max_turns_ends_with_the_graceful_last_steps_answer() -> None:
+    # max_turns=3 is the run's step budget: the 3rd model call goes out without tools and
+    # its answer is the run's final output (it was "" when the SDK's own cap ended the run).
+    h = Harness(scripted(healthy_calls()))
+    got, sink = _receipts()
+    out = Tripwire(on_receipt=sink).run_sync(h.agent, "q", max_turns=3)
+    assert isinstance(out, RunResult)
+    assert out.final_output == "partial: 2 results"
+    assert h.counters.model_calls == 3 and h.counters.tool_bodies == 2
+    assert h.model_calls[-1].model_settings.tool_choice == "none"
+    assert "answer now" in (h.model_calls[-1].system_instructions or "")
+    assert len(got) == 1 and got[0].reason is StopReason.MAX_STEPS
+    assert got[0].condition == {"steps": 3, "max_steps": 3}
+
+
+def test_a_smaller_step_budget_than_max_turns_wins() -> None:
+    h = Harness(scripted(healthy_calls()))
+    out = h.tripwire(Limits(max_steps=2)).run_sync(h.agent, "q", max_turns=5)
+    assert isinstance(out, RunResult) and out.final_output == "partial: 1 results"
+    assert h.counters.model_calls == 2
+
+
 def test_a_users_own_max_turns_handler_wins() -> None:
     h = Harness(looping)
 

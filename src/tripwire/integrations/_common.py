@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -549,10 +550,16 @@ class RunSettings:
         self._options = options
         self._agent = agent
 
-    def new_run(self, agent: str = "agent") -> RunControl:
+    def new_run(self, agent: str = "agent", *, max_steps: int | None = None) -> RunControl:
         """A fresh run with these settings; ``agent`` is the name on the receipt unless the
-        ``agent`` option set one."""
-        return new_run(agent=self._agent or agent, **self._options)
+        ``agent`` option set one. ``max_steps``: the framework's own step cap for this run,
+        which becomes the run's step budget unless the limits set a smaller one (so the cap
+        ends with the graceful last step, its answer kept)."""
+        options = self._options
+        limits: Limits = options["limits"]
+        if max_steps is not None and (limits.max_steps is None or max_steps < limits.max_steps):
+            options = dict(options, limits=dataclasses.replace(limits, max_steps=max_steps))
+        return new_run(agent=self._agent or agent, **options)
 
 
 class _Turn:

@@ -24,9 +24,11 @@ What it uses of the SDK, and why:
 - **RunConfig.call_model_input_filter** counts each step before the model call, and on the
   graceful last step (a budget nearly spent) adds the wrap-up instruction and switches tools
   off for that one call (``tool_choice="none"``); its answer is kept.
-- **a max_turns error handler**: when the SDK's own ``max_turns`` fires, the run returns the
-  latest answer as a partial result instead of raising ``MaxTurnsExceeded``; the receipt says
-  ``max_steps``.
+- **the SDK's ``max_turns``**, when you pass it to :meth:`Tripwire.run`, is the run's step
+  budget too (unless ``Limits(max_steps=...)`` is smaller): the last turn is the graceful
+  tool-less step, and its answer is the run's ``final_output``. Should the SDK's own cap still
+  fire (a model that calls tools on the tool-less step), a ``max_turns`` error handler returns
+  the latest answer instead of raising ``MaxTurnsExceeded``; the receipt says ``max_steps``.
 
 To call ``Runner.run`` or ``Runner.run_streamed`` yourself, build the pieces from one
 :class:`TripwireHooks`: ``hooks.guard_agent(agent)``, ``hooks=hooks``,
@@ -364,14 +366,21 @@ class Tripwire(RunSettings):
         """``Runner.run(agent, input, ...)`` under a fresh guard.
 
         Unless you pass ``max_turns``, the SDK's own flat turn cap is off: tripwire's limits
-        (``Limits(max_steps=...)``) and loop watcher decide when the run stops.
+        (``Limits(max_steps=...)``) and loop watcher decide when the run stops. A ``max_turns``
+        you pass is the run's step budget too (unless the limits set a smaller one): its last
+        turn is the graceful tool-less step, whose answer is the ``final_output``.
 
         Returns:
             The SDK's ``RunResult`` when the run ended by itself (or the SDK's ``max_turns``
             handler ended it), a :class:`~tripwire.integrations.StoppedRun` when tripwire
             stopped it. Other exceptions of the run propagate as they are.
         """
-        control = self.new_run(agent.name or "agent")
+        # The SDK's max_turns, when the caller sets one, is the run's step budget too: the
+        # last turn is the graceful tool-less step and its answer is the run's final output
+        # (the SDK's own cap would end the run with final_output == "").
+        max_turns = runner_options.get("max_turns")
+        cap = max_turns if isinstance(max_turns, int) and not isinstance(max_turns, bool) else None
+        control = self.new_run(agent.name or "agent", max_steps=cap if cap and cap > 0 else None)
         tw = TripwireHooks(control, hooks=hooks)
         config = tw.run_config(run_config)
         # The SDK's flat max_turns (10 by default) would cut a healthy deep run short: unless
