@@ -193,6 +193,18 @@ class BudgetExceeded(RunStopped):
         )
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)`` for a message, cut at 200 characters; never raises (an int past the
+    interpreter's 4,300-digit limit, or an object whose ``__repr__`` raises, is named instead)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1000:
+        return f"<an int of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<a {type(value).__name__} that cannot be shown>"
+    return text if len(text) <= 200 else text[:200] + "…"
+
+
 class ConfigError(TripwireError, ValueError):
     """A setting is invalid: names the ``field``, the ``value`` given and what is ``expected``."""
 
@@ -201,7 +213,7 @@ class ConfigError(TripwireError, ValueError):
         self.value = value
         self.expected = expected
         if message is None:
-            message = f"{field} must be {expected}, got {value!r}"
+            message = f"{field} must be {expected}, got {_shown(value)}"
         super().__init__(message, field=field, value=value, expected=expected)
 
     def __reduce__(self) -> tuple[Any, ...]:

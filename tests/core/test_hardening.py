@@ -202,3 +202,56 @@ def test_the_argument_text_cache_is_bounded_in_bytes_for_non_ascii_text() -> Non
     assert normalizer.signature("search_docs", ascii_text) is sig
     kept = sum(sys.getsizeof(text) + sys.getsizeof(tool) for tool, text in cache)
     assert kept <= len(cache) * (limit + 1024 + 100)
+
+
+def test_a_mapping_or_list_that_raises_while_read_still_gets_a_signature() -> None:
+    # Never hurt the agent: a hostile container in the arguments signs as its type instead of
+    # raising RuntimeError out of the detector.
+    from collections.abc import Mapping
+
+    class Exploding(dict):  # type: ignore[type-arg]
+        def items(self) -> Any:
+            raise RuntimeError("boom")
+
+    class Unreadable(Mapping):  # type: ignore[type-arg]
+        def __getitem__(self, key: Any) -> Any:
+            raise KeyError(key)
+
+        def __iter__(self) -> Any:
+            raise RuntimeError("no iteration")
+
+        def __len__(self) -> int:
+            return 1
+
+    class Jumpy(list):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            raise ValueError("nope")
+
+    for hostile in (Exploding(a=1), {"q": Unreadable()}, {"q": Jumpy([1])}):
+        first = signature_of("search", hostile)
+        assert first == signature_of("search", hostile)  # defined, and the same each time
+    assert signature_of("search", Exploding(a=1)) != signature_of("search", {"a": 1})
+    detector = LoopDetector()
+    for _ in range(3):
+        detector.observe("search", Exploding(a=1))
+    with pytest.raises(Exception) as caught:
+        detector.observe("search", Exploding(a=1))
+    assert type(caught.value).__name__ == "LoopDetected"  # the 4th identical call, as any other
+
+
+def test_limits_refuse_numbers_past_a_float_and_unprintable_values_by_name() -> None:
+    from tripwire.core.budget import Limits
+
+    for value, shown in ((10**400, "<an int of 1329 bits>"), (-(10**5000), "<an int of 16610 bits>")):
+        field = "max_cost_usd" if value > 0 else "max_steps"
+        with pytest.raises(ConfigError) as caught:
+            Limits(**{field: value})
+        assert caught.value.field == field and shown in str(caught.value)
+
+    class Opaque:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    with pytest.raises(ConfigError) as caught:
+        Limits(max_steps=Opaque())  # type: ignore[arg-type]
+    assert "max_steps" in str(caught.value) and "Opaque" in str(caught.value)

@@ -384,3 +384,33 @@ def test_after_a_restart_the_runs_that_ended_lately_are_known_as_ended(sqlite_st
         assert "tripwire_spans_late_total 1.0" in text
         after = httpx.get(f"{second.url}/api/runs/{finished_id}", headers=second.headers()).json()
         assert (after["tool_calls"], after["receipt"]) == (1, ended["receipt"])
+
+
+def test_a_client_that_hangs_up_mid_body_is_no_server_error(service: Running, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    host, port = service.url.removeprefix("http://").split(":")
+    uvicorn_log = logging.getLogger("uvicorn.error")  # it does not propagate to the root logger
+    uvicorn_log.addHandler(caplog.handler)
+    try:
+        _hang_up_mid_body(service, host, int(port), caplog)
+    finally:
+        uvicorn_log.removeHandler(caplog.handler)
+    tracebacks = [r for r in caplog.records if "Exception in ASGI application" in r.getMessage() or r.exc_info]
+    assert not tracebacks, [r.getMessage() for r in tracebacks]
+
+
+def _hang_up_mid_body(service: Running, host: str, port: int, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import socket
+
+    with caplog.at_level(logging.ERROR):
+        for _ in range(3):
+            s = socket.create_connection((host, port), timeout=5)
+            s.sendall(
+                b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                + f"Authorization: Bearer {TOKEN}\r\nContent-Length: 5000\r\n\r\n".encode() + b"\x0a" * 100
+            )
+            s.close()  # gone mid-body
+        time.sleep(0.5)
+        assert httpx.get(f"{service.url}/healthz").status_code == 200

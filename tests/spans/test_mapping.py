@@ -720,3 +720,16 @@ def test_an_operation_name_that_is_not_text_classifies_as_other(value: object) -
     # TypeError out of classify (and out of map_span) instead of naming the span "other".
     attributes = {"gen_ai.operation.name": value, "gen_ai.tool.name": "search"}
     assert classify(attributes, "execute_tool search") is SpanRole.OTHER
+
+
+def test_an_error_type_is_kept_as_printable_text_of_at_most_100_characters() -> None:
+    # A span's error.type or exception.type is anyone's text: stored and shown, it must not
+    # carry terminal escapes or forged log lines, nor grow without bound.
+    hostile = "Timeout\x1b[2J\r\nINFO forged line\x00" + "x" * 500
+    base = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t", "gen_ai.tool.call.result": "r"}
+    explicit = tool("execute_tool t", {**base, "error.type": hostile})
+    assert explicit.error_type == ("Timeout?[2J??INFO forged line?" + "x" * 500)[:100]
+    raised = tool("execute_tool t", base, status_error=True, exception_type=hostile)
+    assert raised.error_type == explicit.error_type
+    plain = tool("execute_tool t", {**base, "error.type": "httpx.ReadTimeout"})
+    assert plain.error_type == "httpx.ReadTimeout"

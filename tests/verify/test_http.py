@@ -156,3 +156,13 @@ def test_a_timed_out_check_leaves_no_thread_or_socket_behind() -> None:
     assert {t for t in verify_threads("http") - before if t.is_alive()} == set()
     # The socket was closed: the server's next write failed (waits at most 5 s, never times).
     assert server.closed_by_peer.wait(5)
+
+
+def test_a_url_that_does_not_parse_is_a_config_error_naming_the_field() -> None:
+    from tripwire.errors import ConfigError
+    from tripwire.verify._http import redact_url
+
+    with pytest.raises(ConfigError) as caught:
+        HttpCheck(url="http://[::1/x")
+    assert caught.value.field == "HttpCheck.url" and "parses" in str(caught.value)
+    assert redact_url("http://[::1/x") == "<unparsable URL>"

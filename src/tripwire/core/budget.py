@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import string
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -178,12 +179,13 @@ def _count(name: str, value: Any) -> None:
 
 
 def _positive(name: str, value: Any) -> None:
-    if value is not None and (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
+    if value is None:
+        return
+    if isinstance(value, int) and not isinstance(value, bool) and value > sys.float_info.max:
+        # math.isfinite() of such an int raises OverflowError (10**400), and its repr may not
+        # even be printable (over 4,300 digits): name its size instead.
+        raise ConfigError(name, f"<an int of {value.bit_length()} bits>", "a finite number > 0, or None")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ConfigError(name, value, "a finite number > 0, or None")
 
 

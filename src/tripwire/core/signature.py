@@ -1068,6 +1068,8 @@ class Normalizer:
                         ti = type(item)
                         out[sk] = item if ti is str or ti is int or ti is bool or item is None else walk(item, depth + 1)
                     return out
+                except Exception:  # a mapping whose items() or iteration raises: never here
+                    return _unreadable(v)
                 finally:
                     active.discard(vid)
             if t is list or isinstance(v, (list, tuple)):
@@ -1082,10 +1084,15 @@ class Normalizer:
                         ti = type(item)
                         append(item if ti is str or ti is int or ti is bool or item is None else walk(item, depth + 1))
                     return items
+                except Exception:  # a list subclass whose iteration raises
+                    return _unreadable(v)
                 finally:
                     active.discard(vid)
             if isinstance(v, (set, frozenset)):
-                members = [walk(item, depth + 1) for item in v]
+                try:
+                    members = [walk(item, depth + 1) for item in v]
+                except Exception:
+                    return _unreadable(v)
                 return sorted(members, key=_encode)
             if isinstance(v, (bytes, bytearray, memoryview)):
                 return "\x00bytes:" + _xxh3_128_hex(bytes(v))
@@ -1139,6 +1146,15 @@ def _key_text(key: Any) -> str:
         if isinstance(key, int):
             return f"\x00int:{key:x}"
         return f"\x00{type(key).__qualname__}:<unprintable>"
+
+
+def _unreadable(value: Any) -> str:
+    """The token of a container that raised while it was read (its ``items()`` or its
+    iteration): its type, as the signature of a call must never raise."""
+    try:
+        return "\x00unreadable:" + str(type(value).__qualname__)
+    except Exception:  # a metaclass's hostile __qualname__
+        return "\x00unreadable"
 
 
 def _object_token(value: Any) -> str:

@@ -50,7 +50,7 @@ from typing import Any, Final
 import xxhash
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -1155,7 +1155,18 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
         from tripwire.serve.dashboard import dashboard_routes
 
         routes += dashboard_routes(svc)
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(SecurityHeaders)])
+    async def client_left(request: Request, exc: Exception) -> Response:
+        # The client hung up while its request was read: nobody is left to answer, and it is
+        # no server error (uvicorn logged each one as an ASGI traceback).
+        svc.metrics.requests.labels(code="499").inc()
+        return Response(status_code=400)
+
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[Middleware(SecurityHeaders)],
+        exception_handlers={ClientDisconnect: client_left},
+    )
     app.state.service = svc
     return app
 

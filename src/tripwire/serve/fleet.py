@@ -55,6 +55,7 @@ from tripwire.spans import (
     SpanView,
     map_span,
 )
+from tripwire.spans.mapping import error_name
 from tripwire.store.runs import MAX_CALLS_PER_RUN, MAX_RAW_CHARS, Batch, CallRow, RunRow, VerdictRow
 
 __all__ = ["Fleet", "Kill", "Outcome", "Transition"]
@@ -483,8 +484,7 @@ class Fleet:
                     name = resource.get("service.name")
                     if type(name) is str:
                         service = name[:200]
-            exception_type = view.exception_type
-            exception_type = exception_type[:100] if exception_type else None
+            exception_type = error_name(view.exception_type)
             sig: Signature | None = None
             tool: ToolCall | None = None
             key: str | None = None

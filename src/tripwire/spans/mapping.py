@@ -63,6 +63,7 @@ from tripwire.core.signature import ABSENT, DEFAULT_NORMALIZER, Normalizer
 __all__ = [
     "COST_ATTRIBUTES",
     "MAPPING_VERSION",
+    "MAX_ERROR_TYPE",
     "MAX_TOOL_NAME",
     "MAX_UNWRAP_BYTES",
     "MappingStats",
@@ -70,6 +71,7 @@ __all__ = [
     "SpanRole",
     "SpanView",
     "classify",
+    "error_name",
     "map_model_span",
     "map_run_span",
     "map_span",
@@ -306,6 +308,23 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+MAX_ERROR_TYPE: Final = 100
+"""An error type (``error.type``, ``exception.type``) is kept to this many characters."""
+
+
+def error_name(value: Any) -> str | None:
+    """An error type as the service stores and shows it: text of at most
+    :data:`MAX_ERROR_TYPE` characters, each control or other unprintable character replaced by
+    ``?`` (a span's attribute is anyone's text: it must not reach a terminal, a log line or a
+    page as escape sequences or forged lines)."""
+    if not isinstance(value, str) or not value:
+        return None
+    text: str = value[:MAX_ERROR_TYPE]
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def _int(value: Any) -> int | None:
     """A non-negative int from an attribute value (OTLP JSON sends ints as strings)."""
     if isinstance(value, bool):
@@ -477,7 +496,7 @@ def _error_in_result(value: Any) -> tuple[str | None, int | None]:
     if value.get("status") == "error":
         return "ToolError", None
     if value.get("response_type") == _ADK_RETRY_RESPONSE:
-        return _text(value.get("error_type")) or "ToolError", _int(value.get("retry_count"))
+        return error_name(value.get("error_type")) or "ToolError", _int(value.get("retry_count"))
     return None, None
 
 
@@ -515,7 +534,7 @@ def map_tool_span(view: SpanView, normalizer: Normalizer = DEFAULT_NORMALIZER) -
         view.name,
         view.start_s,
         view.end_s,
-        (view.exception_type or "") if view.status_error else None,
+        (error_name(view.exception_type) or "") if view.status_error else None,
         normalizer,
     )
 
@@ -599,7 +618,7 @@ def _tool_call(
 
         explicit = get("error.type")
         if explicit is not None:
-            explicit = _text(explicit)
+            explicit = error_name(explicit)
         if explicit is not None:
             error_type = explicit
         elif failure is not None:
@@ -781,7 +800,7 @@ def map_span(
                     view.name,
                     view.start_s,
                     view.end_s,
-                    (view.exception_type or "") if view.status_error else None,
+                    (error_name(view.exception_type) or "") if view.status_error else None,
                     normalizer,
                 ),
                 stats,
@@ -838,7 +857,7 @@ def view_from_readable_span(span: Any) -> SpanView:
     if status_error:
         for event in span.events:
             if event.name == "exception":
-                exception_type = _text((event.attributes or _EMPTY).get("exception.type"))
+                exception_type = error_name((event.attributes or _EMPTY).get("exception.type"))
                 break
     start = span.start_time
     end = span.end_time

@@ -29,9 +29,13 @@ _METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "O
 def redact_url(url: str) -> str:
     """The URL without user info, query string or fragment (they often carry tokens).
 
-    Never raises: a port that is not a number 0..65535 is shown as ``:?``.
+    Never raises: a port that is not a number 0..65535 is shown as ``:?``, a URL that does not
+    parse at all (``http://[::1/x``) as ``<unparsable URL>``.
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
@@ -86,7 +90,13 @@ class HttpCheck:
 
     def __post_init__(self) -> None:
         require("httpx")
-        if not isinstance(self.url, str) or urlsplit(self.url).scheme not in ("http", "https"):
+        if not isinstance(self.url, str):
+            raise ConfigError("HttpCheck.url", "<url>", "an http:// or https:// URL")
+        try:
+            scheme = urlsplit(self.url).scheme
+        except ValueError as exc:  # an unclosed IPv6 bracket, say
+            raise ConfigError("HttpCheck.url", "<url>", f"a URL that parses ({exc})") from None
+        if scheme not in ("http", "https"):
             raise ConfigError("HttpCheck.url", "<url>", "an http:// or https:// URL")
         if not urlsplit(self.url).hostname:
             raise ConfigError("HttpCheck.url", redact_url(self.url), "a URL with a host")
