@@ -14,7 +14,11 @@ Exporter settings compared:
 - ``default``: the SDK's ``BatchSpanProcessor(OTLPSpanExporter(...))`` as its docs show it
   (a span waits up to 5 s before it is sent), wrapped by ``tripwire.otel.instrument(inner=...)``;
 - ``recommended``: ``tripwire.otel.instrument(endpoint=URL, token=TOKEN)`` (a span waits at
-  most ``EXPORT_DELAY_MS``).
+  most ``EXPORT_DELAY_MS``);
+- ``fast``: the same settings wired by hand (``BatchSpanProcessor(exporter,
+  schedule_delay_millis=25)``), for a tripwire older than ``instrument(endpoint=...)``: run the
+  bench with ``PYTHONPATH`` at an older ``src`` to measure the baseline (the URL channel polled
+  every 0.5 s before ``POST /api/flags/wait``).
 
 Channels: ``http`` (``tripwire.remote.connect(url=...)``: the long poll
 ``POST /api/flags/wait``) and ``redis`` (``connect(redis_url=...)``: pub/sub). The service runs
@@ -73,9 +77,10 @@ def agent(url: str, channel: str, export: str, model_s: float) -> dict[str, Any]
     provider = TracerProvider()
     # The local policy never trips on 30 calls: only the service stops the run.
     loose = {"threshold": 40, "window": 64, "same_result": 40, "same_error": 40, "revisit": 40}
-    if export == "default":
+    if export in ("default", "fast"):
         exporter = OTLPSpanExporter(endpoint=f"{url}/v1/traces", headers={"Authorization": f"Bearer {TOKEN}"})
-        tripwire.otel.instrument(provider=provider, inner=BatchSpanProcessor(exporter), **loose)
+        delay = {"schedule_delay_millis": 25} if export == "fast" else {}
+        tripwire.otel.instrument(provider=provider, inner=BatchSpanProcessor(exporter, **delay), **loose)
     else:
         tripwire.otel.instrument(provider=provider, endpoint=url, token=TOKEN, **loose)
     tracer = provider.get_tracer("bench-agent")
@@ -168,9 +173,10 @@ def openai_loop_agent(url: str, channel: str, export: str, model_s: float) -> di
         tripwire.remote.connect(redis_url=channel)
     provider = TracerProvider()
     loose = {"threshold": 40, "window": 64, "same_result": 40, "same_error": 40, "revisit": 40}
-    if export == "default":
+    if export in ("default", "fast"):
         exporter = OTLPSpanExporter(endpoint=f"{url}/v1/traces", headers={"Authorization": f"Bearer {TOKEN}"})
-        tripwire.otel.instrument(provider=provider, inner=BatchSpanProcessor(exporter), **loose)
+        delay = {"schedule_delay_millis": 25} if export == "fast" else {}
+        tripwire.otel.instrument(provider=provider, inner=BatchSpanProcessor(exporter, **delay), **loose)
     else:
         tripwire.otel.instrument(provider=provider, endpoint=url, token=TOKEN, **loose)
     tracer = provider.get_tracer("bench-agent")

@@ -49,7 +49,7 @@ out = run_anthropic(
     messages=[{"role": "user", "content": "What is the refund policy?"}],
     tools=[{"name": "search_docs", "input_schema": {"type": "object"}}],
     functions={"search_docs": search_docs},
-    guard_options={"prices": None},
+    prices=None,
 )
 print(
     type(out).__name__,

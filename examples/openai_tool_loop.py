@@ -47,7 +47,7 @@ out = run_openai(
     tools=[{"type": "function", "function": {"name": "search_docs", "parameters": {}}}],
     functions={"search_docs": search_docs},
     limits=Limits(max_steps=20),
-    guard_options={"prices": None},
+    prices=None,
 )
 print(type(out).__name__, out.reason.value if hasattr(out, "reason") else out.output)
 print(out.receipt.reason.value, "after", out.receipt.counters.tool_calls, "tool calls")

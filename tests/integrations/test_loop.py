@@ -44,7 +44,7 @@ class _Completions:
     def create(self, *, model: str, messages: list[Any], tools: Any = None, **kw: Any) -> Any:
         o = self.owner
         i = o.counters.model() - 1
-        o.requests.append({"messages": list(messages), "tools": tools})
+        o.requests.append({"messages": list(messages), "tools": tools, "kw": kw})
         seen = [m["content"] for m in messages if isinstance(m, dict) and m.get("role") == "tool"]
         reply = o.script(i, seen, bool(tools))
         message: dict[str, Any] = {"role": "assistant", "content": None}
@@ -88,7 +88,7 @@ class _Messages:
     ) -> Any:
         o = self.owner
         i = o.counters.model() - 1
-        o.requests.append({"messages": list(messages), "tools": tools})
+        o.requests.append({"messages": list(messages), "tools": tools, "kw": kw})
         seen = [
             b["content"]
             for m in messages
@@ -280,6 +280,30 @@ def test_two_runs_in_threads_are_judged_separately(kind: str) -> None:
         t.join()
     assert isinstance(results["loop"], StoppedRun)
     assert isinstance(results["healthy"], LoopResult) and counters["healthy"].tool_bodies == 30
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_prices_none_is_taken_as_every_other_adapter_takes_it(kind: str) -> None:
+    # prices=None reached the client's create() as an unknown argument (the real clients
+    # raise TypeError on it), and the run's cost was still priced from the table.
+    priced, _ = run(kind, scripted(healthy_calls(2)), Counters())
+    assert priced.receipt.counters.cost_usd  # the price table knows the scripted models
+    counters = Counters()
+    out, (client, got) = run(kind, scripted(healthy_calls(2)), counters, prices=None)
+    assert isinstance(out, LoopResult)
+    assert all("prices" not in r["kw"] for r in client.requests)
+    assert counters.model_calls == 3 and counters.tool_bodies == 2
+    assert got[0].counters.cost_usd is None and got[0].counters.steps == 3
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_the_old_guard_options_spelling_still_works_with_a_warning(kind: str) -> None:
+    counters = Counters()
+    with pytest.warns(DeprecationWarning, match="prices="):
+        out, (client, got) = run(kind, scripted(healthy_calls(2)), counters,
+                                 guard_options={"prices": None})  # fmt: skip
+    assert isinstance(out, LoopResult) and got[0].counters.cost_usd is None
+    assert all("guard_options" not in r["kw"] for r in client.requests)
 
 
 def test_bad_settings_name_the_field() -> None:

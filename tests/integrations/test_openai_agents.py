@@ -220,6 +220,42 @@ def test_a_stopping_batch_runs_three_bodies_and_nothing_after_the_stop() -> None
     assert not out.receipt.after_stop.active  # type: ignore[attr-defined]
 
 
+@needs_g1
+@pytest.mark.parametrize("batch", [4, 6])
+def test_a_batch_of_more_than_three_identical_calls_runs_three_bodies(batch: int) -> None:
+    # One model response with 4 or 6 identical calls: the SDK checks them all before any
+    # body runs, so all of them ran; they take turns now, and the 4th is refused.
+    h = Harness(lambda i, seen, tools: [(LOOP_TOOL, dict(LOOP_ARGS))] * batch)
+    got, sink = _receipts()
+    out = h.tripwire(on_receipt=sink).run_sync(h.agent, "q")
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
+    assert h.counters.loop_bodies == 3
+    assert h.counters.model_calls == 1 == h.at_stop  # no model call after the stop
+    assert got == [out.receipt] and out.receipt.counters.tool_calls == 3
+
+
+def test_identical_calls_whose_body_raises_take_turns_without_hanging() -> None:
+    bodies: list[str] = []
+
+    @function_tool
+    def flaky(query: str) -> str:
+        """Fails every time."""
+        bodies.append(query)
+        raise RuntimeError("backend down")
+
+    def responder(call: Any) -> ModelStep:
+        if _outputs(call.input):
+            return ModelStep(output=[assistant_message("gave up")])
+        calls = [function_call("flaky", {"query": "x"}, call_id=f"c{k}") for k in range(2)]
+        return ModelStep(output=calls)
+
+    model = ScriptedModel([ModelStep.respond(responder) for _ in range(4)])
+    agent = Agent(name="flaky", model=model, tools=[flaky])
+    out = asyncio.run(asyncio.wait_for(Tripwire().run(agent, "q"), timeout=30))
+    assert isinstance(out, RunResult) and out.final_output == "gave up"
+    assert bodies == ["x", "x"]
+
+
 # -- nudge -------------------------------------------------------------------------------------
 
 
@@ -314,6 +350,28 @@ def test_the_sdks_own_max_turns_returns_the_latest_answer_not_an_exception() -> 
     assert isinstance(out, RunResult)  # not MaxTurnsExceeded
     assert h.counters.model_calls == 2
     assert got[0].reason is StopReason.MAX_STEPS
+
+
+def test_the_sdks_max_turns_ends_with_the_graceful_last_steps_answer() -> None:
+    # max_turns=3 is the run's step budget: the 3rd model call goes out without tools and
+    # its answer is the run's final output (it was "" when the SDK's own cap ended the run).
+    h = Harness(scripted(healthy_calls()))
+    got, sink = _receipts()
+    out = Tripwire(on_receipt=sink).run_sync(h.agent, "q", max_turns=3)
+    assert isinstance(out, RunResult)
+    assert out.final_output == "partial: 2 results"
+    assert h.counters.model_calls == 3 and h.counters.tool_bodies == 2
+    assert h.model_calls[-1].model_settings.tool_choice == "none"
+    assert "answer now" in (h.model_calls[-1].system_instructions or "")
+    assert len(got) == 1 and got[0].reason is StopReason.MAX_STEPS
+    assert got[0].condition == {"steps": 3, "max_steps": 3}
+
+
+def test_a_smaller_step_budget_than_max_turns_wins() -> None:
+    h = Harness(scripted(healthy_calls()))
+    out = h.tripwire(Limits(max_steps=2)).run_sync(h.agent, "q", max_turns=5)
+    assert isinstance(out, RunResult) and out.final_output == "partial: 1 results"
+    assert h.counters.model_calls == 2
 
 
 def test_a_users_own_max_turns_handler_wins() -> None:

@@ -39,10 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import Enum
@@ -65,7 +66,15 @@ try:  # the otel extra: the run's trace id, and the in-process kill flags
 except ImportError:  # pragma: no cover - without it, no run has a trace id to be flagged by
     _current_span = None  # type: ignore[assignment]
 
-__all__ = ["OnLoop", "RunControl", "RunSettings", "StoppedRun", "current_run", "new_run"]
+__all__ = [
+    "CallTurns",
+    "OnLoop",
+    "RunControl",
+    "RunSettings",
+    "StoppedRun",
+    "current_run",
+    "new_run",
+]
 
 logger = logging.getLogger("tripwire.integrations")
 
@@ -541,7 +550,85 @@ class RunSettings:
         self._options = options
         self._agent = agent
 
-    def new_run(self, agent: str = "agent") -> RunControl:
+    def new_run(self, agent: str = "agent", *, max_steps: int | None = None) -> RunControl:
         """A fresh run with these settings; ``agent`` is the name on the receipt unless the
-        ``agent`` option set one."""
-        return new_run(agent=self._agent or agent, **self._options)
+        ``agent`` option set one. ``max_steps``: the framework's own step cap for this run,
+        which becomes the run's step budget unless the limits set a smaller one (so the cap
+        ends with the graceful last step, its answer kept)."""
+        options = self._options
+        limits: Limits = options["limits"]
+        if max_steps is not None and (limits.max_steps is None or max_steps < limits.max_steps):
+            options = dict(options, limits=dataclasses.replace(limits, max_steps=max_steps))
+        return new_run(agent=self._agent or agent, **options)
+
+
+class _Turn:
+    __slots__ = ("lock", "waiting")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.waiting = 0
+
+
+class CallTurns:
+    """Identical tool calls of one run, in flight: they run one after the other.
+
+    Frameworks that run a batch of tool calls concurrently (pydantic-ai, the OpenAI Agents
+    SDK) would otherwise check every call of the batch before any of them ran: the watcher
+    would judge a 4th identical call without having seen the 3rd's result, and 4 or 6 bodies
+    of a loop would run where 3 is right. A call takes its turn before it is checked and
+    gives it back once the watcher has seen its result (or it was refused); different calls
+    still run side by side. One per run, on one event loop.
+    """
+
+    __slots__ = ("_inflight",)
+
+    def __init__(self) -> None:
+        self._inflight: dict[str, _Turn] = {}
+
+    async def take(self, run: RunControl, tool: str, arguments: Any) -> str:
+        """Wait for this call's turn; returns the key to :meth:`give_back`."""
+        key = _call_key(run, tool, arguments)
+        entry = self._inflight.get(key)
+        if entry is None:
+            entry = self._inflight[key] = _Turn()
+        entry.waiting += 1
+        try:
+            await entry.lock.acquire()
+        except BaseException:  # cancelled while waiting: it never had the turn
+            self._leave(key, entry)
+            raise
+        return key
+
+    def give_back(self, key: str) -> None:
+        """End the turn taken by :meth:`take` (once per take)."""
+        entry = self._inflight.get(key)
+        if entry is None or not entry.lock.locked():
+            return
+        entry.lock.release()
+        self._leave(key, entry)
+
+    @contextlib.asynccontextmanager
+    async def turn(self, run: RunControl, tool: str, arguments: Any) -> AsyncIterator[None]:
+        """The call's turn, for an ``async with`` block around its check, body and result."""
+        key = await self.take(run, tool, arguments)
+        try:
+            yield
+        finally:
+            self.give_back(key)
+
+    def _leave(self, key: str, entry: _Turn) -> None:
+        entry.waiting -= 1
+        if entry.waiting == 0:
+            self._inflight.pop(key, None)
+
+
+def _call_key(run: RunControl, tool: str, arguments: Any) -> str:
+    """What makes two calls of a batch identical: the guard's own signature of the call, so
+    calls that differ only in a volatile key (``request_id``), which the watcher counts as
+    one call, take turns too."""
+    try:
+        sig = run.guard.normalizer.signature(tool, arguments)
+    except Exception:  # the guard judges (and reports) this call itself: no turn to take
+        return f"{tool}\0{id(arguments)}"
+    return f"{tool}\0{sig.key:x}"

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -349,12 +350,34 @@ class _Anthropic(_Shape):
 # -- the entry points --------------------------------------------------------------------------
 
 
+_UNSET: Any = object()
+"""A Guard option the caller did not pass: the Guard's own default applies."""
+
+
+def _guard_options(old: Mapping[str, Any] | None, **given: Any) -> dict[str, Any]:
+    """The Guard options of one call: ``prices=``, ``ledger=``, ``clock=``, ``normalizer=``
+    as keywords (as every other adapter takes them), over the deprecated ``guard_options``."""
+    options: dict[str, Any] = {}
+    if old is not None:
+        warnings.warn(
+            "guard_options= is deprecated: pass prices=, ledger=, clock= or normalizer= "
+            "as keywords, as every other tripwire adapter takes them",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        if not isinstance(old, Mapping):
+            raise ConfigError("guard_options", old, "a mapping of Guard options, or None")
+        options.update(old)
+    options.update((k, v) for k, v in given.items() if v is not _UNSET)
+    return options
+
+
 def _prepare(
     shape: _Shape, model: str, messages: Sequence[Any], tools: Sequence[Any],
     functions: Mapping[str, Callable[..., Any]], options: dict[str, Any], create: dict[str, Any],
 ) -> Generator[_Request, Any, LoopResult | StoppedRun]:  # fmt: skip
-    guard_options = options.pop("guard_options", None)
-    run = _start(functions, guard_options=dict(guard_options or {}), **options)
+    guard_options = options.pop("guard_options")
+    run = _start(functions, guard_options=guard_options, **options)
     return _steps(run, shape, model, list(messages), tools, create)
 
 
@@ -368,7 +391,9 @@ _DOC = """
         limits, loop_policy, on_loop, agent, on_receipt, partial_answer: as for
             :func:`~tripwire.integrations.new_run`.
         max_turns: the step limit when ``limits`` has none (a backstop, not a loop detector).
-        guard_options: further :class:`~tripwire.guard.Guard` options.
+        prices, ledger, clock, normalizer: :class:`~tripwire.guard.Guard` options, as every
+            adapter takes them (``prices=None``: no cost from the price table).
+        guard_options: deprecated (a warning): the same options as one mapping.
         **create: further arguments for every ``create`` call (``temperature``…).
 
     Returns:
@@ -391,12 +416,17 @@ def run_openai(
     on_receipt: ReceiptSink | None = None,
     partial_answer: PartialAnswer | None = None,
     max_turns: int = DEFAULT_MAX_TURNS,
+    prices: Any = _UNSET,
+    ledger: Any = _UNSET,
+    clock: Any = _UNSET,
+    normalizer: Any = _UNSET,
     guard_options: Mapping[str, Any] | None = None,
     **create: Any,
 ) -> LoopResult | StoppedRun:
     options = dict(limits=limits, loop_policy=loop_policy, on_loop=on_loop, agent=agent,
                    on_receipt=on_receipt, partial_answer=partial_answer, max_turns=max_turns,
-                   guard_options=guard_options)  # fmt: skip
+                   guard_options=_guard_options(guard_options, prices=prices, ledger=ledger,
+                                                clock=clock, normalizer=normalizer))  # fmt: skip
     steps = _prepare(_OpenAI(), model, messages, tools, functions, options, create)
     return _drive(steps, client.chat.completions.create, functions)
 
@@ -415,12 +445,17 @@ async def arun_openai(
     on_receipt: ReceiptSink | None = None,
     partial_answer: PartialAnswer | None = None,
     max_turns: int = DEFAULT_MAX_TURNS,
+    prices: Any = _UNSET,
+    ledger: Any = _UNSET,
+    clock: Any = _UNSET,
+    normalizer: Any = _UNSET,
     guard_options: Mapping[str, Any] | None = None,
     **create: Any,
 ) -> LoopResult | StoppedRun:
     options = dict(limits=limits, loop_policy=loop_policy, on_loop=on_loop, agent=agent,
                    on_receipt=on_receipt, partial_answer=partial_answer, max_turns=max_turns,
-                   guard_options=guard_options)  # fmt: skip
+                   guard_options=_guard_options(guard_options, prices=prices, ledger=ledger,
+                                                clock=clock, normalizer=normalizer))  # fmt: skip
     steps = _prepare(_OpenAI(), model, messages, tools, functions, options, create)
     return await _adrive(steps, client.chat.completions.create, functions)
 
@@ -440,12 +475,17 @@ def run_anthropic(
     on_receipt: ReceiptSink | None = None,
     partial_answer: PartialAnswer | None = None,
     max_turns: int = DEFAULT_MAX_TURNS,
+    prices: Any = _UNSET,
+    ledger: Any = _UNSET,
+    clock: Any = _UNSET,
+    normalizer: Any = _UNSET,
     guard_options: Mapping[str, Any] | None = None,
     **create: Any,
 ) -> LoopResult | StoppedRun:
     options = dict(limits=limits, loop_policy=loop_policy, on_loop=on_loop, agent=agent,
                    on_receipt=on_receipt, partial_answer=partial_answer, max_turns=max_turns,
-                   guard_options=guard_options)  # fmt: skip
+                   guard_options=_guard_options(guard_options, prices=prices, ledger=ledger,
+                                                clock=clock, normalizer=normalizer))  # fmt: skip
     steps = _prepare(_Anthropic(), model, messages, tools, functions, options,
                      {"max_tokens": max_tokens, **create})  # fmt: skip
     return _drive(steps, client.messages.create, functions)
@@ -466,12 +506,17 @@ async def arun_anthropic(
     on_receipt: ReceiptSink | None = None,
     partial_answer: PartialAnswer | None = None,
     max_turns: int = DEFAULT_MAX_TURNS,
+    prices: Any = _UNSET,
+    ledger: Any = _UNSET,
+    clock: Any = _UNSET,
+    normalizer: Any = _UNSET,
     guard_options: Mapping[str, Any] | None = None,
     **create: Any,
 ) -> LoopResult | StoppedRun:
     options = dict(limits=limits, loop_policy=loop_policy, on_loop=on_loop, agent=agent,
                    on_receipt=on_receipt, partial_answer=partial_answer, max_turns=max_turns,
-                   guard_options=guard_options)  # fmt: skip
+                   guard_options=_guard_options(guard_options, prices=prices, ledger=ledger,
+                                                clock=clock, normalizer=normalizer))  # fmt: skip
     steps = _prepare(_Anthropic(), model, messages, tools, functions, options,
                      {"max_tokens": max_tokens, **create})  # fmt: skip
     return await _adrive(steps, client.messages.create, functions)

@@ -15,15 +15,20 @@ What it uses of the SDK, and why:
   (``reject_content``); a stop raises the SDK's typed ``ToolInputGuardrailTripwireTriggered``.
   An exception raised *inside* a tool would not stop anything: the SDK turns it into "An error
   occurred while running the tool. Please try again." and the run goes on.
+  The SDK runs the guardrails of one model response's calls before any of their bodies:
+  identical calls take turns (the next is checked once the watcher has seen the result of the
+  one before), so 4 identical calls of one response run 3 bodies, not 4.
 - **RunHooks** (:class:`TripwireHooks`): ``on_llm_end`` reads the usage from the SDK's own
   ``ModelResponse`` (a custom ``Model`` class emits no model spans, so nothing else would count
   it); ``on_tool_end`` hands the result to the loop watcher; hook exceptions propagate.
 - **RunConfig.call_model_input_filter** counts each step before the model call, and on the
   graceful last step (a budget nearly spent) adds the wrap-up instruction and switches tools
   off for that one call (``tool_choice="none"``); its answer is kept.
-- **a max_turns error handler**: when the SDK's own ``max_turns`` fires, the run returns the
-  latest answer as a partial result instead of raising ``MaxTurnsExceeded``; the receipt says
-  ``max_steps``.
+- **the SDK's ``max_turns``**, when you pass it to :meth:`Tripwire.run`, is the run's step
+  budget too (unless ``Limits(max_steps=...)`` is smaller): the last turn is the graceful
+  tool-less step, and its answer is the run's ``final_output``. Should the SDK's own cap still
+  fire (a model that calls tools on the tool-less step), a ``max_turns`` error handler returns
+  the latest answer instead of raising ``MaxTurnsExceeded``; the receipt says ``max_steps``.
 
 To call ``Runner.run`` or ``Runner.run_streamed`` yourself, build the pieces from one
 :class:`TripwireHooks`: ``hooks.guard_agent(agent)``, ``hooks=hooks``,
@@ -47,6 +52,7 @@ from typing import Any
 from tripwire.core.reasons import StopReason
 from tripwire.errors import RunStopped
 from tripwire.integrations._common import (
+    CallTurns,
     RunControl,
     RunSettings,
     StoppedRun,
@@ -139,6 +145,8 @@ class TripwireHooks(RunHooks[Any]):
         self._counted = False
         self._answer: str | None = None
         self._checked: set[str] = set()
+        self._turns = CallTurns()
+        self._held: dict[str, str] = {}  # tool call id -> its turn, until its result is seen
         self._user_filter: Callable[[CallModelData[Any]], Any] | None = None
         self._settings: ModelSettings | None = None
         self._config: RunConfig | None = None
@@ -257,14 +265,28 @@ class TripwireHooks(RunHooks[Any]):
         stopped = self.control.stopped
         if stopped is not None:  # a sibling in the batch of the call that stopped the run
             return ToolGuardrailFunctionOutput.raise_exception(output_info=stopped)
+        # The SDK checks every call of a batch before any body runs: identical calls take
+        # turns, so the watcher has seen the 3rd's result when it judges the 4th. The turn
+        # is given back in on_tool_end, once the watcher has seen this call's result.
+        key = await self._turns.take(self.control, context.tool_name, context.tool_arguments)
+        held = False
         try:
-            refusal = self.control.before_tool(context.tool_name, context.tool_arguments)
-        except RunStopped as exc:
-            return ToolGuardrailFunctionOutput.raise_exception(output_info=exc)
-        if refusal is not None:
-            return ToolGuardrailFunctionOutput.reject_content(refusal)
-        self._checked.add(context.tool_call_id)
-        return ToolGuardrailFunctionOutput.allow()
+            stopped = self.control.stopped
+            if stopped is not None:  # the call before this one stopped the run
+                return ToolGuardrailFunctionOutput.raise_exception(output_info=stopped)
+            try:
+                refusal = self.control.before_tool(context.tool_name, context.tool_arguments)
+            except RunStopped as exc:
+                return ToolGuardrailFunctionOutput.raise_exception(output_info=exc)
+            if refusal is not None:
+                return ToolGuardrailFunctionOutput.reject_content(refusal)
+            self._checked.add(context.tool_call_id)
+            self._held[context.tool_call_id] = key
+            held = True
+            return ToolGuardrailFunctionOutput.allow()
+        finally:
+            if not held:
+                self._turns.give_back(key)
 
     async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
         call_id = getattr(context, "tool_call_id", None)
@@ -285,7 +307,13 @@ class TripwireHooks(RunHooks[Any]):
             await self._inner.on_tool_start(context, agent, tool)
 
     async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: object) -> None:
-        self.control.after_tool(tool.name, getattr(context, "tool_arguments", None), result)
+        call_id = getattr(context, "tool_call_id", None)
+        key = self._held.pop(call_id, None) if isinstance(call_id, str) else None
+        try:
+            self.control.after_tool(tool.name, getattr(context, "tool_arguments", None), result)
+        finally:
+            if key is not None:
+                self._turns.give_back(key)
         if self._inner is not None:
             await self._inner.on_tool_end(context, agent, tool, result)
 
@@ -338,14 +366,21 @@ class Tripwire(RunSettings):
         """``Runner.run(agent, input, ...)`` under a fresh guard.
 
         Unless you pass ``max_turns``, the SDK's own flat turn cap is off: tripwire's limits
-        (``Limits(max_steps=...)``) and loop watcher decide when the run stops.
+        (``Limits(max_steps=...)``) and loop watcher decide when the run stops. A ``max_turns``
+        you pass is the run's step budget too (unless the limits set a smaller one): its last
+        turn is the graceful tool-less step, whose answer is the ``final_output``.
 
         Returns:
             The SDK's ``RunResult`` when the run ended by itself (or the SDK's ``max_turns``
             handler ended it), a :class:`~tripwire.integrations.StoppedRun` when tripwire
             stopped it. Other exceptions of the run propagate as they are.
         """
-        control = self.new_run(agent.name or "agent")
+        # The SDK's max_turns, when the caller sets one, is the run's step budget too: the
+        # last turn is the graceful tool-less step and its answer is the run's final output
+        # (the SDK's own cap would end the run with final_output == "").
+        max_turns = runner_options.get("max_turns")
+        cap = max_turns if isinstance(max_turns, int) and not isinstance(max_turns, bool) else None
+        control = self.new_run(agent.name or "agent", max_steps=cap if cap and cap > 0 else None)
         tw = TripwireHooks(control, hooks=hooks)
         config = tw.run_config(run_config)
         # The SDK's flat max_turns (10 by default) would cut a healthy deep run short: unless

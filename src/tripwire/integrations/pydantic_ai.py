@@ -37,7 +37,6 @@ tasks, are judged separately.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +45,7 @@ from tripwire.core.budget import NO_LIMITS, Limits
 from tripwire.core.policy import DEFAULT_POLICY, LoopPolicy
 from tripwire.errors import ConfigError, RunStopped
 from tripwire.integrations._common import (
+    CallTurns,
     OnLoop,
     PartialAnswer,
     ReceiptSink,
@@ -145,7 +145,7 @@ class Tripwire(AbstractCapability[Any]):
         self.guard_options = guard_options
         self.run: RunControl | None = None
         """This run's control (set on the per-run copy that ``for_run`` returns)."""
-        self._inflight: dict[str, _Turns] = {}
+        self._turns = CallTurns()
 
     def _start(self, ctx: RunContext[Any]) -> RunControl:
         name = self.agent or getattr(ctx.agent, "name", None) or "agent"
@@ -249,18 +249,8 @@ class Tripwire(AbstractCapability[Any]):
         # take turns, so that the watcher has seen the one before when it judges the next
         # (a 4th identical call is refused, not run beside the 3rd); different calls still
         # run side by side.
-        key = _call_key(run, call.tool_name, arguments)
-        entry = self._inflight.get(key)
-        if entry is None:
-            entry = self._inflight[key] = _Turns()
-        entry.waiting += 1
-        try:
-            async with entry.lock:
-                return await self._execute(run, call, arguments, args, handler)
-        finally:
-            entry.waiting -= 1
-            if entry.waiting == 0:
-                self._inflight.pop(key, None)
+        async with self._turns.turn(run, call.tool_name, arguments):
+            return await self._execute(run, call, arguments, args, handler)
 
     async def _execute(
         self,
@@ -284,24 +274,3 @@ class Tripwire(AbstractCapability[Any]):
             raise
         run.after_tool(call.tool_name, arguments, result)
         return result
-
-
-class _Turns:
-    """Identical tool calls of one run, in flight: they run one after the other."""
-
-    __slots__ = ("lock", "waiting")
-
-    def __init__(self) -> None:
-        self.lock = asyncio.Lock()
-        self.waiting = 0
-
-
-def _call_key(run: RunControl, tool: str, arguments: Any) -> str:
-    """What makes two calls of a batch identical: the guard's own signature of the call, so
-    calls that differ only in a volatile key (``request_id``), which the watcher counts as
-    one call, take turns too."""
-    try:
-        sig = run.guard.normalizer.signature(tool, arguments)
-    except Exception:  # the guard judges (and reports) this call itself: no turn to take
-        return f"{tool}\0{id(arguments)}"
-    return f"{tool}\0{sig.key:x}"
