@@ -12,8 +12,9 @@
 :func:`connect` starts one daemon thread that keeps a local cache of flags: with Redis it
 subscribes to the service's pub/sub channel (a flag arrives within milliseconds) and also reads
 the keys of the runs this process asked about (a flag raised before the subscription is not
-missed); with only the service's URL it polls ``GET /api/flags/<trace_id>`` for those runs every
-``poll_s``. :func:`check` never touches the network: it is one dictionary lookup, so it is safe
+missed); with only the service's URL it waits on the service's long poll (``POST
+/api/flags/wait``), which answers as soon as a flag of one of those runs goes up or down (a
+service without it is polled every ``poll_s``). :func:`check` never touches the network: it is one dictionary lookup, so it is safe
 on the agent's hot path. A raised flag is also put into the in-process kill-flag registry
 (:data:`tripwire.otel.killswitch.KILL_FLAGS`) when the ``otel`` extra is installed, so
 ``tripwire.check()`` and the framework integrations stop the run too.
@@ -93,10 +94,12 @@ class RemoteKill:
 
     Args:
         redis_url: the Redis the service raises flags in (pub/sub + keys).
-        url: the service's base URL (``http://127.0.0.1:4318``), polled when there is no Redis.
+        url: the service's base URL (``http://127.0.0.1:4318``), when there is no Redis: its
+            long poll pushes each flag (an older service without it is polled).
         token: the bearer token for ``url`` (default ``TRIPWIRE_TOKEN`` is *not* read here:
             pass it; :func:`connect` reads the environment).
-        poll_s: how often the flags of the runs this process checks are re-read.
+        poll_s: how often the flags of the runs this process checks are re-read (Redis keys; a
+            service without the long poll).
         on_unavailable: ``"fail_open"`` or ``"fail_closed"`` (see the module docstring).
         grace_s: how long the channel may be unreachable before ``fail_closed`` stops runs.
     """

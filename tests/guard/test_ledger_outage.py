@@ -108,7 +108,7 @@ def test_fail_open_holds_the_cap_per_process_and_reconciles(
     clock = FakeClock()
     ledger = redis_store.RedisLedger(
         url=proxy.url, prefix=redis_prefix, on_unavailable="fail_open", timeout_s=0.5,
-        retry_after_s=5.0, clock=clock,
+        retry_after_s=5.0, clock=clock, outage_share=1.0,  # the whole rest: the cap alone holds
     )
     guard = Guard(Limits(max_tool_calls=50), loop_policy=None, ledger=ledger, run_id="job-1")
     key = f"{redis_prefix}:{{job-1}}:tool_calls"
@@ -202,3 +202,39 @@ def test_fail_closed_with_no_cap_at_stake_goes_on(
     snap = guard.snapshot()
     assert snap.counters.tool_calls == 2 and snap.counters.input_tokens == 5
     assert guard.reason is None
+
+
+def test_in_an_outage_a_process_spends_only_its_share_of_what_was_left(
+    redis_client: Any, redis_prefix: str, proxy: Proxy
+) -> None:
+    # Eight processes sharing max_tool_calls=2000 once spent 8,073 calls across three 0.3 s
+    # Redis stalls: each could spend all that was left alone. Now each may spend its share.
+    clock = FakeClock()
+    ledgers = [
+        redis_store.RedisLedger(url=proxy.url, prefix=redis_prefix, timeout_s=0.5, retry_after_s=5.0, clock=clock)
+        for _ in range(8)
+    ]
+    guards = [Guard(Limits(max_tool_calls=2000), loop_policy=None, ledger=ledger, run_id="shared") for ledger in ledgers]
+    key = f"{redis_prefix}:{{shared}}:tool_calls"
+    for i in range(1000):  # half the budget spent while Redis answers, by all eight
+        guards[i % 8].before_tool("search", {"i": i})
+    assert int(redis_client.get(key)) == 1000
+    proxy.close()  # a stall, as all eight see it
+    ran = [0] * 8
+    for n, guard in enumerate(guards):
+        with pytest.raises(BudgetExceeded) as info:
+            for i in range(2000):
+                guard.before_tool("search", {"n": n, "i": i})
+                ran[n] += 1
+        assert "outage_share" in str(info.value)  # the stop says why: not the cap itself
+    # Each process reserved 10% of the 1,000 it last saw left (its own last view: up to 7
+    # calls older than the shared total), never all of it.
+    assert all(100 <= r <= 101 for r in ran), ran
+    proxy.open()
+    clock.now += 6
+    for guard in guards:
+        guard.snapshot()  # each reconciles its local spend
+    total = int(redis_client.get(key))
+    assert total == 1000 + sum(ran) <= 2000 * 1.5  # at most 8 x 10% of what was left over it
+    receipt = guards[0].receipt("searcher")
+    assert receipt.counters.tool_calls == total

@@ -96,7 +96,9 @@ def test_cost_over_redis(redis_client: Any, redis_prefix: str) -> None:
 def test_unreachable_fail_open_counts_locally_and_warns_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    ledger = RedisLedger(url=CLOSED, prefix=f"t:{uuid.uuid4().hex}", on_unavailable="fail_open")
+    ledger = RedisLedger(
+        url=CLOSED, prefix=f"t:{uuid.uuid4().hex}", on_unavailable="fail_open", outage_share=1.0
+    )
     guard = Guard(Limits(max_tool_calls=3), loop_policy=None, ledger=ledger)
     with caplog.at_level(logging.WARNING, logger="tripwire.store.redis"):
         for i in range(3):

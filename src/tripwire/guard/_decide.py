@@ -139,12 +139,32 @@ def last_step_stop(advisory: Advisory, limits: Limits, steps: int) -> Stop:
 
 
 def unavailable_stop(
-    reason: StopReason, limit_name: str, limit: float, counter: str, used: float
+    reason: StopReason,
+    limit_name: str,
+    limit: float,
+    counter: str,
+    used: float,
+    *,
+    share_spent: bool = False,
 ) -> Stop:
-    """The stop when the shared ledger is unreachable and ``on_unavailable='fail_closed'``.
+    """The stop when the shared ledger is unreachable and ``on_unavailable='fail_closed'``, or
+    (``share_spent``) when it is unreachable and this process spent its ``outage_share``.
 
     ``used`` is the counter's last known value (what the run really spent), never NaN.
     """
+    if share_spent:
+        message = (
+            f"The shared budget ledger is unreachable and this process has spent its share of "
+            f"{limit_name} for an outage (outage_share), so the run stops ({counter}={used:g} "
+            "when the ledger last answered): other processes may be spending the rest. "
+            "Restore the ledger, or raise outage_share"
+        )
+    else:
+        message = (
+            f"The shared budget ledger is unreachable and on_unavailable='fail_closed': "
+            f"{limit_name} cannot be checked, so the run stops ({counter}={used:g} when it was "
+            "last reached). Restore the ledger, or choose on_unavailable='fail_open'"
+        )
     return Stop(
         reason=reason,
         limit_name=limit_name,
@@ -152,11 +172,7 @@ def unavailable_stop(
         observed=used,
         counter=counter,
         used=used,
-        message=(
-            f"The shared budget ledger is unreachable and on_unavailable='fail_closed': "
-            f"{limit_name} cannot be checked, so the run stops ({counter}={used:g} when it was "
-            "last reached). Restore the ledger, or choose on_unavailable='fail_open'"
-        ),
+        message=message,
     )
 
 

@@ -51,7 +51,7 @@ from tripwire.guard._decide import (
 from tripwire.guard._ledger import MAX_TOOL_NAME, LedgerView, ScopeKeys, ToolPlan, Usage, tool_key
 from tripwire.guard._values import INHERIT, GuardSnapshot, Inherit, OnLoop
 from tripwire.prices import PriceFn, Pricer, genai_price, usable_cost
-from tripwire.store.base import Ledger, StoreUnavailable
+from tripwire.store.base import Ledger, OutageShareSpent, StoreUnavailable
 from tripwire.store.memory import MemoryLedger
 
 __all__ = ["Guard"]
@@ -780,8 +780,8 @@ class Guard:
             items = [(k, 1, c.cap) for k, c in zip(keys, charges, strict=True)]
             try:
                 reservation = self._view.reserve(items)
-            except StoreUnavailable:
-                self._unavailable_reserve(items, charges, now)
+            except StoreUnavailable as exc:
+                self._unavailable_reserve(items, charges, now, share_spent=isinstance(exc, OutageShareSpent))
             else:
                 if reservation.refused is not None:
                     i = reservation.refused
@@ -1133,8 +1133,10 @@ class Guard:
         """Reserve ``plan`` in the ledger, or stop the run at the cap it would exceed."""
         try:
             reservation = self._reserve_items(plan.items)
-        except StoreUnavailable:
-            return self._unavailable_reserve(plan.items, [p.charge for p in plan.charges], now)
+        except StoreUnavailable as exc:
+            return self._unavailable_reserve(
+                plan.items, [p.charge for p in plan.charges], now, share_spent=isinstance(exc, OutageShareSpent)
+            )
         refused_at = reservation.refused
         if refused_at is not None:
             charge = plan.charges[refused_at].charge
@@ -1142,10 +1144,16 @@ class Guard:
         return reservation.totals
 
     def _unavailable_reserve(
-        self, items: Sequence[tuple[str, int, int | None]], charges: Sequence[Any], now: float
+        self,
+        items: Sequence[tuple[str, int, int | None]],
+        charges: Sequence[Any],
+        now: float,
+        *,
+        share_spent: bool = False,
     ) -> tuple[int, ...]:
-        """The ledger is unreachable (``fail_closed``): stop when a cap is at stake, else
-        count locally and go on (nothing is enforced that could be exceeded)."""
+        """The ledger is unreachable (``fail_closed``, or ``fail_open`` with this process's
+        outage share spent): stop when a cap is at stake, else count locally and go on
+        (nothing is enforced that could be exceeded)."""
         for (key, _, cap), charge in zip(items, charges, strict=True):
             if cap is not None:
                 used = self._view.last([key])[key]
@@ -1153,7 +1161,10 @@ class Guard:
                 if charge.tool:
                     counter += " calls"
                 self._stop_with(
-                    unavailable_stop(charge.reason, charge.limit_name, cap, counter, used), now
+                    unavailable_stop(
+                        charge.reason, charge.limit_name, cap, counter, used, share_spent=share_spent
+                    ),
+                    now,
                 )
         self._view.count_locally([(k, amount) for k, amount, _ in items])
         last = self._view.last([k for k, _, _ in items])

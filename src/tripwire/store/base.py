@@ -41,6 +41,12 @@ class StoreUnavailable(TripwireError):
         return (type(self), (self.store, self.detail))
 
 
+class OutageShareSpent(StoreUnavailable):
+    """A ``fail_open`` store is unreachable and this process has spent the share of a capped
+    budget it may spend alone (``RedisLedger(outage_share=...)``): the run stops rather than
+    let every process spend what is left."""
+
+
 class Reservation(NamedTuple):
     """What one atomic check-and-add (:meth:`Ledger.reserve`) did.
 

@@ -14,8 +14,13 @@ When Redis is unreachable the ledger does what ``on_unavailable`` says:
   again (retried every ``retry_after_s``). The local count of each counter starts from the last
   total Redis reported to this process (which includes everything this process spent), so every
   cap still holds per process; what was spent locally is added to Redis as soon as it answers
-  again (reconciled), so the shared totals and the receipts count what really happened. Only
-  the shared total across processes may go over a cap during the outage;
+  again (reconciled), so the shared totals and the receipts count what really happened. During
+  one outage a process may reserve only ``outage_share`` (default 10%) of what was left of each
+  capped counter when Redis last answered it; past that share the run stops (a
+  :class:`~tripwire.store.base.StoreUnavailable` the guard turns into a stop that says so; the
+  share is rounded up, so each process may reserve at least one). So N processes sharing a cap
+  go over it by at most ``N * outage_share`` of what was left (plus one each), per outage
+  (eight processes: 80% of what was left at worst, where each could once spend all of it);
 - ``"fail_closed"``: raise :class:`~tripwire.store.base.StoreUnavailable`; the guard stops the
   run with a :class:`~tripwire.errors.BudgetExceeded`.
 
@@ -29,13 +34,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 from tripwire.errors import ConfigError
-from tripwire.store.base import OnUnavailable, Record, Reservation, StoreUnavailable
+from tripwire.store.base import (
+    OnUnavailable,
+    OutageShareSpent,
+    Record,
+    Reservation,
+    StoreUnavailable,
+)
 
 try:
     import redis as _redis
@@ -142,6 +154,9 @@ class RedisLedger:
         ttl_s: counters expire this long after their last change (0 = never).
         retry_after_s: after a failure in ``fail_open`` mode, how long to count locally before
             trying Redis again.
+        outage_share: in ``fail_open`` mode, the share (0 to 1) of what was left of a capped
+            counter that this process may reserve while Redis is unreachable, per outage
+            (1: all of it, as before 0.2).
         clock: the clock for ``retry_after_s`` (injectable for tests).
     """
 
@@ -157,10 +172,17 @@ class RedisLedger:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         ttl_s: int = 86_400,
         retry_after_s: float = 5.0,
+        outage_share: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if on_unavailable not in ("fail_open", "fail_closed"):
             raise ConfigError("on_unavailable", on_unavailable, "'fail_open' or 'fail_closed'")
+        if (
+            isinstance(outage_share, bool)
+            or not isinstance(outage_share, (int, float))
+            or not 0 <= outage_share <= 1
+        ):
+            raise ConfigError("outage_share", outage_share, "a share from 0 to 1")
         if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or ttl_s < 0:
             raise ConfigError("ttl_s", ttl_s, "an integer number of seconds >= 0")
         self.client = client if client is not None else connect(url, timeout_s=timeout_s)
@@ -179,6 +201,9 @@ class RedisLedger:
         """What this process spent while Redis was unreachable, to add once it answers."""
         self.reconciled = 0
         """How many times a local (fail-open) spend was added back to Redis."""
+        self.outage_share = float(outage_share)
+        self._allowance: dict[str, int] = {}
+        """What this process may reserve of each capped counter during the current outage."""
         self._lock = threading.Lock()
         self._reserve = self.client.register_script(_RESERVE)
         self._add = self.client.register_script(_ADD)
@@ -198,6 +223,8 @@ class RedisLedger:
             with _no_spans():
                 if self._pending:
                     self._reconcile()
+                elif self._allowance:
+                    self._allowance.clear()  # Redis answers: the next outage gets a new share
                 return fn()
         except _ERRORS as exc:
             self.failures += 1
@@ -269,6 +296,20 @@ class RedisLedger:
             for i, ((_, amount, cap), total) in enumerate(zip(items, now, strict=True)):
                 if cap is not None and total + amount > cap:
                     return Reservation(totals=tuple(now), refused=i)
+            for k, amount, cap in items:
+                if cap is None:
+                    continue
+                allowed = self._allowance.get(k)
+                if allowed is None:  # the first reservation of this counter in this outage
+                    left = max(0, cap - self._seen.get(k, 0))
+                    allowed = self._allowance[k] = math.ceil(left * self.outage_share)
+                if self._pending.get(k, 0) + amount > allowed:
+                    raise OutageShareSpent(
+                        "Redis ledger",
+                        f"this process has reserved its outage share of {k} ({allowed}: "
+                        f"outage_share={self.outage_share:g} of what was left when Redis last "
+                        "answered); other processes may be spending the rest",
+                    )
             pending = self._pending
             for k, amount, _ in items:
                 pending[k] = pending.get(k, 0) + amount
@@ -300,6 +341,8 @@ class RedisLedger:
                     self._pending[k] = left
                 else:
                     self._pending.pop(k, None)
+            if not self._pending:
+                self._allowance.clear()  # Redis answers: the next outage gets a new share
             self.reconciled += 1
         self._remember(counters, totals)
 
