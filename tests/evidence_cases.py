@@ -111,7 +111,7 @@ def cases() -> list[Case]:
             "the same poll, undeclared",
             _steps(poll, gap=POLL_INTERVAL_S),
             4,
-            reason_has=("declare it", "Poll(interval_s=..., max_wait_s=...)", "[policy.polls.job_status]"),
+            reason_has=("declare it", "Poll(interval_s=10, max_wait_s=600)", "[policy.polls.job_status]"),
         ),
         Case(
             "8 different searches, all with an empty result",

@@ -51,7 +51,7 @@ def test_demo_command_prints_the_table_and_totals() -> None:
     assert "flat cap: 10 calls wasted in loops, 70 useful calls cut off." in text
     assert "tripwire: 0 wasted, 0 cut off." in text
     # A reason's hint to the config file is text, not markup: its section name is printed.
-    assert "or [policy.polls.read] interval_s = ..." in text
+    assert "[policy.polls.read]" in text and "[policy.polls.search_docs]" in text
 
 
 def test_version_and_help() -> None:

@@ -63,8 +63,10 @@ def test_loop_detected_repetition_message() -> None:
     exc = loop(Rule.REPETITION)
     assert str(exc) == (
         "search_docs repeated 4× with identical arguments (sig 3f9a0c1d…) in the last 10 calls "
-        "(tripped at call 4); tell the model to change approach, or raise "
-        "LoopPolicy(threshold=...) if this tool polls"
+        "(tripped at call 4); tell the model to change approach, or if search_docs polls "
+        "something that takes time, declare it with its interval and longest wait in seconds: "
+        "LoopPolicy(polls={'search_docs': Poll(interval_s=10, max_wait_s=600)}), or in "
+        "tripwire.toml:\n[policy.polls.search_docs]\ninterval_s = 10\nmax_wait_s = 600"
     )
     assert (exc.rule, exc.tool, exc.hits, exc.window, exc.period, exc.call_index) == (
         Rule.REPETITION, "search_docs", 4, 10, 1, 4,

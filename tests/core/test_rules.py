@@ -108,7 +108,8 @@ def test_the_verdict_and_the_exception_share_the_sentence(limit: str) -> None:
     )
     assert current.reason == f"{sentence} with no new evidence"
     message = str(current.exception())
-    assert message.endswith(f"(tripped at call {current.call_index}); {entry.hint}")
+    advice = entry.advice(current.tool or "")
+    assert message.endswith(f"(tripped at call {current.call_index}); {advice}")
     # The message is the sentence with the signature prefix where the sentence has a slot.
     with_sig = entry.describe(
         tool=current.tool or "", hits=current.hits, window=current.window,

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from typing import Any
 
 import pytest
+import tomllib
 
 pytest.importorskip("openai")
 pytest.importorskip("anthropic")
@@ -18,6 +20,8 @@ from anthropic.types import Message
 from openai.types.chat import ChatCompletion
 
 from tripwire import BudgetExceeded, ConfigError, Limits, LoopDetected, StopReason
+from tripwire.config import load_config
+from tripwire.core.policy import LoopPolicy, Poll
 from tripwire.core.receipt import StopReceipt
 from tripwire.integrations import StoppedRun
 from tripwire.integrations.loop import (
@@ -304,6 +308,45 @@ def test_the_old_guard_options_spelling_still_works_with_a_warning(kind: str) ->
                                  guard_options={"prices": None})  # fmt: skip
     assert isinstance(out, LoopResult) and got[0].counters.cost_usd is None
     assert all("guard_options" not in r["kw"] for r in client.requests)
+
+
+def test_a_stopped_polls_message_advises_declaring_it_in_valid_toml(tmp_path: Any) -> None:
+    # One advice everywhere (the stop's message said to raise the threshold), and its TOML,
+    # for a tool name with a dot and a slash, parses and loads as written.
+    def polls(i: int, seen: list[str], tools: bool) -> Any:
+        return [("./mvnw", {"goal": "verify"})] if len(seen) < 6 else "BUILD SUCCESS"
+
+    def build(counters: Counters, **options: Any) -> Any:
+        def mvnw(**kw: Any) -> str:
+            counters.tool("./mvnw", kw)
+            return "BUILD RUNNING"
+
+        client = ScriptedOpenAI(polls, counters)
+        return run_openai(client, model="gpt-4o-mini", messages=[{"role": "user", "content": "q"}],
+                          tools=[{"type": "function", "function": {"name": "./mvnw"}}],
+                          functions={"./mvnw": mvnw}, prices=None, **options)  # fmt: skip
+
+    counters = Counters()
+    out = build(counters)
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
+    assert counters.tool_bodies == 3 and counters.model_calls == 4
+    assert "threshold" not in out.message and "declare it" in out.message
+    advised = out.message[out.message.index("[policy.polls."):]
+    assert tomllib.loads(advised) == {
+        "policy": {"polls": {"./mvnw": {"interval_s": 10, "max_wait_s": 600}}}
+    }
+    path = tmp_path / "tripwire.toml"
+    path.write_text(f"version = 1\n\n{advised}\n", encoding="utf-8")  # into the user's file
+    config = load_config({"config": path}, env={})
+    assert config.policy.polls == {"./mvnw": Poll(interval_s=10, max_wait_s=600)}
+    python = re.search(r"LoopPolicy\(polls=\{.*?\}\)", out.message)
+    assert python is not None
+    assert eval(python.group(0), {"LoopPolicy": LoopPolicy, "Poll": Poll}).polls == config.policy.polls
+    # Following the advice, the same poll waits and the run finishes.
+    counters = Counters()
+    done = build(counters, loop_policy=config.policy)
+    assert isinstance(done, LoopResult) and done.output == "BUILD SUCCESS"
+    assert counters.tool_bodies == 6
 
 
 def test_bad_settings_name_the_field() -> None:

@@ -104,7 +104,8 @@ class LoopRule:
     class in parentheses, or empty). The verdict's reason starts with it; so does the exception
     message."""
     hint: str
-    """What to do, appended to the exception message."""
+    """What to do, appended to the exception message; ``{declare_poll}`` stands for
+    :func:`declare_poll`'s advice for the tool (see :meth:`advice`)."""
 
     def describe(
         self, *, tool: str, hits: int, window: int, period: int = 1, sig: str = "", error: str = ""
@@ -120,6 +121,12 @@ class LoopRule:
             sig=sig,
             error=error,
         )
+
+    def advice(self, tool: str) -> str:
+        """The hint, filled in for ``tool``."""
+        if "{declare_poll}" in self.hint:
+            return self.hint.replace("{declare_poll}", declare_poll(tool))
+        return self.hint
 
 
 def _limit(name: str) -> Callable[[LoopPolicy], int | None]:
@@ -215,7 +222,7 @@ RULES: Final[tuple[LoopRule, ...]] = (
         test=_repetition,
         group="repeat",
         sentence="{tool} repeated {hits}× with identical arguments{sig} in the last {window} calls",
-        hint="tell the model to change approach, or raise LoopPolicy(threshold=...) if this tool polls",
+        hint="tell the model to change approach, or {declare_poll}",
     ),
     LoopRule(
         rule=Rule.PERIOD,
@@ -359,4 +366,26 @@ def loop_message(
     entry = rule_entry(rule, limit)
     sig = f" (sig {digest[:8]}…)" if digest else ""
     what = entry.describe(tool=tool, hits=hits, window=window, period=period, sig=sig)
-    return f"{what} (tripped at call {call_index}); {entry.hint}"
+    return f"{what} (tripped at call {call_index}); {entry.advice(tool)}"
+
+
+def _toml_key(name: str) -> str:
+    """``name`` as one TOML key: bare when TOML allows it, else a quoted basic string."""
+    if name and all(c.isascii() and (c.isalnum() or c in "_-") for c in name):
+        return name
+    escaped = "".join(
+        f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F or c in '"\\' else c for c in name
+    )
+    return f'"{escaped}"'
+
+
+def declare_poll(tool: str) -> str:
+    """The one advice for a repeated call that may be a poll: declare it, in Python or in the
+    policy file. Its TOML (the message's last lines) is valid as written: a tool name with a
+    dot, a slash or a space is quoted (``[policy.polls."./mvnw"]``). The numbers are an
+    example; the reader puts in the poll's own interval and longest wait."""
+    return (
+        f"if {tool} polls something that takes time, declare it with its interval and longest "
+        f"wait in seconds: LoopPolicy(polls={{{tool!r}: Poll(interval_s=10, max_wait_s=600)}}), "
+        f"or in tripwire.toml:\n[policy.polls.{_toml_key(tool)}]\ninterval_s = 10\nmax_wait_s = 600"
+    )

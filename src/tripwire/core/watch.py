@@ -62,6 +62,7 @@ from tripwire.core.rules import (
     RETRY_OF_NON_RETRYABLE,
     RULES,
     LoopRule,
+    declare_poll,
     loop_message,
 )
 from tripwire.core.signature import EMPTY_RESULT, Normalizer, Signature
@@ -773,7 +774,7 @@ def _still_stuck(
         call_index=index,
         reason=(
             f"{entry.describe(tool=call.tool, hits=hits, window=window)} with no new evidence"
-            + (f"; {_declare_poll(call.tool)}" if results is not None else "")
+            + (f"; {declare_poll(call.tool)}" if results is not None else "")
         ),
         arguments_seen=not sig.name_only,
         policy_version=policy.version,
@@ -1074,7 +1075,7 @@ def _decide(
     # 4. nothing explains it
     if poll is None and entry.rule in (Rule.REPETITION, Rule.PERIOD) and results is not None:
         # The calls got the same results: it may be a poll nobody declared.
-        return verdict(Verdict.STUCK, f"{what} with no new evidence; {_declare_poll(call.tool)}")
+        return verdict(Verdict.STUCK, f"{what} with no new evidence; {declare_poll(call.tool)}")
     return verdict(Verdict.STUCK, f"{what} with no new evidence")
 
 
@@ -1111,14 +1112,6 @@ def _checks_between_changes(state: RunState, slots: list[int], window: int) -> b
         else:
             return False
     return True
-
-
-def _declare_poll(tool: str) -> str:
-    return (
-        f"if {tool} polls something that takes time, declare it: "
-        f"LoopPolicy(polls={{{tool!r}: Poll(interval_s=..., max_wait_s=...)}}), or "
-        f"[policy.polls.{tool}] interval_s = ..., max_wait_s = ... in tripwire.toml"
-    )
 
 
 def _results_changed(results: Sequence[int], slots: list[int], rule: Rule, period: int) -> bool:
