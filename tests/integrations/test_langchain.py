@@ -5,6 +5,7 @@ counted."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import warnings
 from typing import Any
@@ -18,6 +19,7 @@ from langchain.agents import create_agent
 from langgraph.prebuilt import ToolNode, create_react_agent
 
 from tripwire import BudgetExceeded, Limits, LoopDetected, RunStopped, StopReason
+from tripwire.core.policy import DEFAULT_POLICY
 from tripwire.core.receipt import StopReceipt
 from tripwire.integrations import StoppedRun
 from tripwire.integrations.langchain import TripwireCallbackHandler, TripwireMiddleware
@@ -251,6 +253,48 @@ def test_a_refusal_a_callback_cannot_deliver_is_said_once(
     assert counters.tool_bodies == 3  # the refused 3rd call ran: no interceptor on this graph
     # ...and the receipt counts it: it says what ran, not what tripwire would have let run.
     assert out.receipt.counters.tool_calls == counters.tool_bodies
+
+
+CALLBACK_MODES = ["create_react_agent+callbacks", "create_agent+callbacks"]
+
+
+@pytest.mark.parametrize("mode", CALLBACK_MODES)
+@pytest.mark.parametrize(
+    ("script", "limits", "reason"),
+    [
+        (looping, Limits(), StopReason.LOOP_DETECTED),
+        (stubborn(healthy_calls()), Limits(max_steps=3), StopReason.MAX_STEPS),
+        (looping, Limits(max_total_tokens=30), StopReason.MAX_TOTAL_TOKENS),
+    ],
+    ids=["loop", "steps", "tokens"],
+)
+def test_a_clean_stop_prints_no_callback_error(
+    mode: str, script: Script, limits: Limits, reason: StopReason,
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    # LangChain logged "Error in TripwireCallbackHandler.<event> callback: LoopDetected(...)"
+    # for every stop the handler raised on purpose.
+    counters = Counters()
+    with caplog.at_level(logging.DEBUG):
+        out, got = run(mode, script, counters, limits=limits, loop_policy=None
+                       if reason is not StopReason.LOOP_DETECTED else DEFAULT_POLICY)  # fmt: skip
+    assert isinstance(out, StoppedRun) and out.reason is reason
+    assert counters.model_calls <= 4 and got == [out.receipt]
+    assert "Error in" not in caplog.text
+    assert "Error in" not in capfd.readouterr().err
+
+
+def test_a_real_error_in_a_callback_is_still_logged(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(TripwireCallbackHandler):
+        def on_llm_end(self, response: Any, **kwargs: Any) -> None:
+            super().on_llm_end(response, **kwargs)
+            raise ValueError("a bug in a callback")
+
+    counters = Counters()
+    graph = create_agent(ScriptedChatModel(script=looping, counters=counters), make_tools(counters))
+    with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match="a bug"):
+        Broken().invoke(graph, INPUT, CONFIG)
+    assert "Error in Broken.on_llm_end callback: ValueError('a bug in a callback')" in caplog.text
 
 
 def _batch(i: int, seen: list[str], tools: bool) -> Any:

@@ -26,7 +26,8 @@ final ``AIMessage`` (the partial answer, or the stop's message). The
 ``raise_error = True``: the stop is raised from the callback before the model call or the tool
 body it refuses, so it ends the run (``graph.invoke(..., {"callbacks": [handler]})`` raises the
 :class:`~tripwire.errors.RunStopped`, receipt attached; :meth:`TripwireCallbackHandler.invoke`
-turns it into a :class:`~tripwire.integrations.StoppedRun`). A callback cannot replace a tool's
+turns it into a :class:`~tripwire.integrations.StoppedRun`), without LangChain's "Error in …
+callback" warning, which stays for every other error of a callback. A callback cannot replace a tool's
 result, so it cannot nudge: with ``on_loop="nudge"`` use the middleware, or pass
 ``handler.wrap_tool_call`` to ``ToolNode(tools, wrap_tool_call=...)``.
 
@@ -37,6 +38,7 @@ handler or middleware serves many runs at once, in threads or asyncio tasks.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import uuid
@@ -76,6 +78,55 @@ logger = logging.getLogger("tripwire.integrations")
 
 _MAX_RUNS: Final = 4096
 """Most runs one middleware or handler tracks at once (the oldest is dropped past it)."""
+
+
+class _QuietStops(logging.Filter):
+    """Drops LangChain's "Error in TripwireCallbackHandler.<event> callback" warning for the
+    stops the handler raises on purpose (``raise_error`` re-raises them; the caller gets the
+    stop or a :class:`~tripwire.integrations.StoppedRun`). Any other error of a callback,
+    tripwire's own included, is still logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stops: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def expect(self, stop: RunStopped) -> None:
+        """The handler is about to raise ``stop`` out of a callback."""
+        with self._lock:
+            self._stops[repr(stop)] = None
+            while len(self._stops) > 256:
+                self._stops.popitem(last=False)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (
+            record.msg != "Error in %s.%s callback: %s"
+            or not isinstance(args, tuple)
+            or len(args) != 3
+            or not isinstance(args[2], str)
+        ):
+            return True
+        with self._lock:
+            return args[2] not in self._stops
+
+
+_QUIET = _QuietStops()
+logging.getLogger("langchain_core.callbacks.manager").addFilter(_QUIET)
+
+
+def _quiet(callback: Callable[..., None]) -> Callable[..., None]:
+    """A callback whose stops are raised without LangChain's error warning."""
+
+    @functools.wraps(callback)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            callback(*args, **kwargs)
+        except RunStopped as stop:
+            _QUIET.expect(stop)
+            raise
+
+    return wrapper
 
 
 class TripwireState(AgentState[Any]):
@@ -524,6 +575,7 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
             raise run.stopped
         run.before_model()
 
+    @_quiet
     def on_chat_model_start(
         self,
         serialized: dict[str, Any] | None,
@@ -535,6 +587,7 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
     ) -> None:
         self._before_model(run_id, parent_run_id)
 
+    @_quiet
     def on_llm_start(
         self,
         serialized: dict[str, Any] | None,
@@ -546,6 +599,7 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
     ) -> None:
         self._before_model(run_id, parent_run_id)
 
+    @_quiet
     def on_llm_end(
         self, response: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
     ) -> None:
@@ -571,6 +625,7 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
 
     # -- tool calls ---------------------------------------------------------------------------
 
+    @_quiet
     def on_tool_start(
         self,
         serialized: dict[str, Any] | None,
@@ -610,6 +665,7 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
                 name,
             )
 
+    @_quiet
     def on_tool_end(
         self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
     ) -> None:
