@@ -338,7 +338,51 @@ def test_a_token_budget_is_enforced_from_the_steps_usage() -> None:
     assert h.counters.model_calls == 3 == h.at_stop
 
 
+@pytest.mark.parametrize("code", AGENTS)
+def test_a_token_budget_refuses_the_tools_of_the_step_that_crossed_it(code: bool) -> None:
+    # The usage is recorded when the model call returns, before its step's tools run: the
+    # tool the 3rd call asked for is refused (it ran, and the stop came after it).
+    h = Harness(looping, code=code)
+    got, sink = _receipts()
+    out = Tripwire(Limits(max_total_tokens=3 * (INPUT_TOKENS + OUTPUT_TOKENS)), loop_policy=None,
+                   on_receipt=sink).run(h.agent, "q")  # fmt: skip
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.MAX_TOTAL_TOKENS
+    assert h.counters.model_calls == 3 and h.counters.loop_bodies == 2
+    assert got[0].counters.input_tokens == 3 * INPUT_TOKENS
+    assert not got[0].after_stop.active  # type: ignore[attr-defined]
+
+
 # -- receipts ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", AGENTS)
+def test_a_refusal_that_ends_the_run_keeps_the_last_steps_tokens(code: bool) -> None:
+    # The 4th model call asked for the call that was refused and ended the run: its tokens
+    # were missing from the receipt (30 input tokens for 4 model calls).
+    h = Harness(looping, code=code)
+    got, sink = _receipts()
+    out = h.tripwire(on_receipt=sink).run(h.agent, "q")
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
+    assert h.counters.model_calls == 4 and h.counters.loop_bodies == 3
+    counters = got[0].counters
+    assert counters.steps == 4
+    assert (counters.input_tokens, counters.output_tokens) == (4 * INPUT_TOKENS, 4 * OUTPUT_TOKENS)
+    assert not got[0].after_stop.active  # type: ignore[attr-defined]
+    assert isinstance(h.agent.model, ScriptedModel)  # the agent's model, as far as anyone asks
+
+
+def test_a_plain_agent_run_keeps_the_last_steps_tokens_too() -> None:
+    h = Harness(looping)
+    got, sink = _receipts()
+    tw = h.tripwire(on_receipt=sink)
+    tw.attach(h.agent)
+    with pytest.raises(RunStopped) as err:
+        h.agent.run("q")
+    out = tw.stopped_run(h.agent, err.value)
+    assert out.receipt.counters.input_tokens == 4 * INPUT_TOKENS == h.counters.model_calls * 10
+    assert got == [out.receipt]
+
+
 
 
 @needs_g5

@@ -16,16 +16,20 @@ What it uses of smolagents, and why:
   a tool's exception into an error observation and asks the model again; so the wrapper refuses
   the call (the body does not run, the observation says why) and the step callback ends the
   run.
+- **the agent's model, metered**: each model call's usage (smolagents' own ``token_usage``; a
+  custom ``Model`` emits no model spans) is recorded the moment the call returns, before the
+  step's tools run, so a step whose tool call is refused still counts its tokens, and a token
+  or cost budget crossed by a call refuses the tools that call asked for. The agent's
+  ``model`` is a thin wrapper that answers to the wrapped model's class.
 - **step_callbacks**, which run at the end of every step and whose exceptions propagate out of
-  ``agent.run``: the callback reads the step's usage from smolagents' own ``ActionStep``
-  (a custom ``Model`` emits no model spans), raises the stop, and counts the *next* step before
-  its model call is made, so a step budget refuses it in time. On the graceful last step the
+  ``agent.run``: the callback raises the stop and counts the *next* step before its model
+  call is made, so a step budget refuses it in time. On the graceful last step the
   callback adds the wrap-up instruction to the step's observations and leaves the model only
   ``final_answer`` for one call; that answer is kept. When smolagents' own ``max_steps`` ends the
   run, the receipt says ``max_steps``.
 
 Works with ``ToolCallingAgent`` and ``CodeAgent`` (the code executor calls the wrapped tools).
-:meth:`Tripwire.attach` changes the agent in place (its tools and callbacks); one run at a time
+:meth:`Tripwire.attach` changes the agent in place (its tools, model and callbacks); one run at a time
 per agent instance, as smolagents itself requires. Every run hands its receipt to
 ``on_receipt``.
 """
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tripwire.core.budget import NO_LIMITS, Limits
@@ -136,14 +140,7 @@ class _AgentRuns:
         stopped = control.stopped
         if stopped is not None:  # refused inside a tool: smolagents made it an observation
             raise stopped
-        usage = getattr(step, "token_usage", None)
-        if usage is not None:
-            model = getattr(self._agent, "model", None)
-            control.after_model(
-                model=getattr(model, "model_id", None),
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-            )
+        # The step's usage was recorded when its model call returned (_MeteredModel).
         if isinstance(step, PlanningStep):
             return
         if step.is_final_answer:
@@ -158,6 +155,65 @@ class _AgentRuns:
         wrap = control.wrap_up()
         if wrap is not None:
             step.observations = f"{step.observations}\n{wrap}" if step.observations else wrap
+
+
+class _MeteredModel:
+    """The agent's model, with each call's usage recorded the moment the call returns.
+
+    smolagents runs a step's tools before its step callback: had the usage waited for the
+    callback, a stop raised by one of those tools would have come first, and the model call
+    that asked for the refused tool would have been left out of the receipt. Everything but
+    ``generate`` and ``generate_stream`` is the wrapped model's own (its class included, for
+    ``isinstance`` and ``agent.to_dict``). A stop the usage raises (a token or cost budget) is
+    kept on the run, not raised into smolagents (which would make it a generation error): the
+    step's tools are refused and the step callback ends the run.
+    """
+
+    def __init__(self, model: Any, runs: _AgentRuns) -> None:
+        object.__setattr__(self, "_tw_model", model)
+        object.__setattr__(self, "_tw_runs", runs)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # the wrapped model's class
+        return type(self._tw_model)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tw_model, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._tw_model, name, value)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.generate(*args, **kwargs)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        message = self._tw_model.generate(*args, **kwargs)
+        usage = getattr(message, "token_usage", None)
+        if usage is not None:
+            self._record(usage.input_tokens, usage.output_tokens)
+        return message
+
+    def generate_stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        input_tokens = output_tokens = 0
+        seen = False
+        for event in self._tw_model.generate_stream(*args, **kwargs):
+            usage = getattr(event, "token_usage", None)
+            if usage is not None:  # as smolagents adds it up: the last input, every output
+                seen = True
+                input_tokens = usage.input_tokens
+                output_tokens += usage.output_tokens
+            yield event
+        if seen:
+            self._record(input_tokens, output_tokens)
+
+    def _record(self, input_tokens: Any, output_tokens: Any) -> None:
+        control = self._tw_runs.current()
+        with contextlib.suppress(RunStopped):  # kept on the run; see the class docstring
+            control.after_model(
+                model=getattr(self._tw_model, "model_id", None),
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+            )
 
 
 class GuardedTool(Tool):  # type: ignore[misc]
@@ -239,7 +295,8 @@ class Tripwire(RunSettings):
         self._agents: dict[int, _AgentRuns] = {}
 
     def attach(self, agent: Any) -> Any:
-        """Put ``agent`` under tripwire, in place: wrap its tools, register the step callback.
+        """Put ``agent`` under tripwire, in place: wrap its tools and its model, register the
+        step callback.
 
         Returns the agent. Attaching it again changes nothing.
         """
@@ -253,6 +310,8 @@ class Tripwire(RunSettings):
             else GuardedTool(tool, runs)
             for name, tool in tools.items()
         }  # fmt: skip
+        if not isinstance(vars(agent).get("model"), _MeteredModel):
+            agent.model = _MeteredModel(agent.model, runs)
         for step_cls in (ActionStep, PlanningStep, FinalAnswerStep):
             agent.step_callbacks.register(step_cls, runs.on_step)
         return agent
