@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ __all__ = [
 
 logger = logging.getLogger("tripwire.store.runs")
 
-SCHEMA_REVISION: Final = "0001"
+SCHEMA_REVISION: Final = "0002"
 """The Alembic revision this code reads and writes (``migrations/versions``)."""
 VERSION_TABLE: Final = "tripwire_alembic_version"
 """Alembic's version table for the run store (its own name: the database may hold others)."""
@@ -154,6 +155,17 @@ flags = sa.Table(
     sa.Column("raised_at", sa.Float, nullable=False),
     sa.Column("expires_at", sa.Float, nullable=False),
 )
+
+secrets_table = sa.Table(
+    "tripwire_secrets",
+    metadata,
+    sa.Column("name", sa.String(40), primary_key=True),
+    sa.Column("value", sa.String(256), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+DIGEST_KEY: Final = "digest_key"
+"""The name of the fleet's digest key in ``tripwire_secrets``."""
 
 MAX_CALLS_PER_RUN: Final = 500
 """The last calls of a run kept in ``tripwire_calls`` (the dashboard's timeline)."""
@@ -399,6 +411,25 @@ class RunStore:
                 )
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
+
+    def fleet_key(self, now: float) -> bytes:
+        """The fleet's digest key (32 random bytes), made and kept on first use: every receiver
+        of this store signs and digests with the same key, and a restart keeps it.
+
+        Two receivers starting at once both try to make it; the first one written wins and
+        both return it.
+        """
+        select = sa.select(secrets_table.c.value).where(secrets_table.c.name == DIGEST_KEY)
+        with self.engine.connect() as conn:
+            found = conn.execute(select).scalar_one_or_none()
+        if found is None:
+            with contextlib.suppress(sa.exc.IntegrityError), self.engine.begin() as conn:
+                conn.execute(
+                    secrets_table.insert().values(name=DIGEST_KEY, value=secrets.token_hex(32), created_at=now)
+                )
+            with self.engine.connect() as conn:
+                found = conn.execute(select).scalar_one()
+        return bytes.fromhex(found)
 
     def dispose(self) -> None:
         """Close every pooled connection."""
