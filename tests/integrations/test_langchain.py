@@ -173,6 +173,56 @@ def test_the_graceful_last_step_is_recorded_as_the_limit() -> None:
     assert got[0].condition == {"steps": 5, "max_steps": 5}  # filled, never {}
 
 
+def _react_with_dynamic_model(
+    script: Script, counters: Counters, **options: Any
+) -> tuple[TripwireCallbackHandler, Any, list[StopReceipt]]:
+    got: list[StopReceipt] = []
+    handler = TripwireCallbackHandler(on_receipt=got.append, **options)
+    tools = make_tools(counters)
+    model = ScriptedChatModel(script=script, counters=counters)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # create_react_agent moved in v1
+        graph = create_react_agent(
+            handler.dynamic_model(model, tools),
+            ToolNode(tools, wrap_tool_call=handler.wrap_tool_call),
+        )
+    return handler, graph, got
+
+
+@pytest.mark.parametrize("invoke", ["sync", "async"])
+def test_create_react_agent_ends_a_step_budget_with_the_graceful_last_step(invoke: str) -> None:
+    # The callbacks alone cannot take the tools away (the 5th call was made with tools and
+    # the run ended with no answer); LangGraph's dynamic model does.
+    counters = Counters()
+    handler, graph, got = _react_with_dynamic_model(
+        scripted(healthy_calls()), counters, limits=Limits(max_steps=5)
+    )
+    if invoke == "sync":
+        out = handler.invoke(graph, INPUT, CONFIG)
+    else:
+        out = asyncio.run(handler.ainvoke(graph, INPUT, CONFIG))
+    assert not isinstance(out, StoppedRun)
+    assert out["messages"][-1].content == "partial: 4 results"  # the 5th call had no tools
+    assert counters.model_calls == 5 and counters.tool_bodies == 4
+    assert len(got) == 1 and got[0].reason is StopReason.MAX_STEPS
+    assert got[0].counters.steps == 5  # each step counted once, not by both hooks
+    assert got[0].condition == {"steps": 5, "max_steps": 5}
+
+
+def test_create_react_agent_with_the_dynamic_model_runs_healthy_and_stops_loops() -> None:
+    counters = Counters()
+    handler, graph, got = _react_with_dynamic_model(scripted(healthy_calls()), counters)
+    out = handler.invoke(graph, INPUT, CONFIG)
+    assert out["messages"][-1].content == "done"
+    assert counters.tool_bodies == 30 and got[0].counters.steps == 31
+    assert got[0].reason is StopReason.COMPLETED
+    counters = Counters()
+    handler, graph, got = _react_with_dynamic_model(looping, counters)
+    stopped = handler.invoke(graph, INPUT, CONFIG)
+    assert isinstance(stopped, StoppedRun) and stopped.reason is StopReason.LOOP_DETECTED
+    assert counters.loop_bodies == 3 and counters.model_calls == stopped.receipt.counters.steps
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_step_budget_ends_with_a_partial_answer_not_an_exception(mode: str) -> None:
     counters = Counters()

@@ -23,6 +23,10 @@ final ``AIMessage`` (the partial answer, or the stop's message). The
     handler = TripwireCallbackHandler(Limits(max_steps=20))
     out = handler.invoke(graph, {"messages": [...]})   # the output, or a StoppedRun
 
+A callback cannot take the tools away from a model call: on ``create_react_agent``, pass
+``handler.dynamic_model(model, tools)`` as the model for the graceful last step (LangGraph's
+own per-step model choice); any other graph needs the middleware for it.
+
 ``raise_error = True``: the stop is raised from the callback before the model call or the tool
 body it refuses, so it ends the run (``graph.invoke(..., {"callbacks": [handler]})`` raises the
 :class:`~tripwire.errors.RunStopped`, receipt attached; :meth:`TripwireCallbackHandler.invoke`
@@ -64,7 +68,9 @@ try:
     from langchain.agents.middleware.types import PrivateStateAttr
     from langchain_core.callbacks import BaseCallbackHandler
     from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+    from langchain_core.runnables import RunnableLambda
     from langgraph.channels.untracked_value import UntrackedValue
+    from langgraph.config import get_config
     from typing_extensions import NotRequired
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError(
@@ -475,6 +481,8 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
         """Tool call ids already checked by :meth:`wrap_tool_call` (not checked twice)."""
         self._lock = threading.Lock()
         self._warned = False
+        self._counted: set[UUID] = set()
+        """Root runs whose next model call ``dynamic_model`` already counted."""
 
     # -- run bookkeeping --------------------------------------------------------------------
 
@@ -533,6 +541,8 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
         self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
     ) -> None:
         if parent_run_id is None:
+            with self._lock:
+                self._counted.discard(run_id)
             run = self.settings.pop(str(run_id))
             if run is not None:
                 messages = outputs.get("messages") if isinstance(outputs, dict) else None
@@ -550,6 +560,8 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         if parent_run_id is None:
+            with self._lock:
+                self._counted.discard(run_id)
             run = self.settings.pop(str(run_id))
             if run is not None:
                 if isinstance(error, RunStopped):
@@ -566,14 +578,77 @@ class TripwireCallbackHandler(_ToolGate, BaseCallbackHandler):
     # -- model calls --------------------------------------------------------------------------
 
     def _before_model(self, run_id: UUID, parent_run_id: UUID | None) -> None:
-        run = self._run(run_id, parent_run_id)
+        root = self._root(run_id, parent_run_id)
+        run = self.settings.get(str(root))
         if run is None:
             return
         if run.stopped is not None:
             # Raised before the model call, and raise_error lets it end the run: nothing
             # runs after the stop, so it is not counted as activity after it.
             raise run.stopped
-        run.before_model()
+        with self._lock:
+            counted = root in self._counted
+            self._counted.discard(root)
+        if not counted:  # else dynamic_model counted this step before choosing the model
+            run.before_model()
+
+    # -- create_react_agent's dynamic model: the graceful last step ------------------------
+
+    def dynamic_model(self, model: Any, tools: Any) -> Callable[[Any, Any], Any]:
+        """``create_react_agent``'s model, chosen per step: the graceful last step on the
+        callback path.
+
+        ``create_react_agent(handler.dynamic_model(model, tools), ToolNode(tools,
+        wrap_tool_call=handler.wrap_tool_call))``: each step is counted before its model is
+        chosen; a normal step gets ``model.bind_tools(tools)``, and the last step (a step,
+        token, cost or time budget nearly spent) gets ``model`` without tools and with the
+        wrap-up instruction as the last message, so its answer ends the run and is kept.
+        Without it, the callbacks alone cannot take the tools away: the model is asked with
+        tools, the refused call ends the run one step later, and no answer is kept.
+
+        Args:
+            model: the chat model, without tools bound.
+            tools: the tools (a list, or the ``ToolNode``) given to ``create_react_agent``.
+        """
+        by_name = getattr(tools, "tools_by_name", None)
+        tool_list = list(by_name.values()) if isinstance(by_name, dict) else list(tools)
+        bound = model.bind_tools(tool_list) if tool_list else model
+
+        def choose(state: Any, runtime: Any) -> Any:
+            root = self._graph_root()
+            run = self.settings.get(str(root)) if root is not None else None
+            if run is None or root is None:
+                return bound
+            if run.stopped is not None:
+                raise run.stopped
+            run.before_model()
+            with self._lock:
+                self._counted.add(root)
+            wrap = run.wrap_up()
+            if wrap is None:
+                return bound
+            instruction = HumanMessage(wrap)
+
+            def last_step(value: Any) -> list[BaseMessage]:
+                messages = value.to_messages() if hasattr(value, "to_messages") else list(value)
+                return [*messages, instruction]
+
+            return RunnableLambda(last_step) | model
+
+        return choose
+
+    def _graph_root(self) -> UUID | None:
+        """The root run of the graph node running now (from LangGraph's config context)."""
+        try:
+            config = get_config()
+        except RuntimeError:  # not inside a graph
+            return None
+        manager = config.get("callbacks")
+        parent = getattr(manager, "parent_run_id", None)
+        if parent is None:
+            return None
+        with self._lock:
+            return self._roots.get(parent)
 
     @_quiet
     def on_chat_model_start(
