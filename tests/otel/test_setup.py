@@ -201,7 +201,7 @@ def test_import_without_the_extra_says_what_to_install() -> None:
         """
     )
     assert result.returncode == 0, result.stderr
-    assert "mapping m2" in result.stdout
+    assert "mapping m3" in result.stdout
     assert "pip install 'tripwire[otel]'" in result.stdout
 
 

@@ -83,6 +83,10 @@ EXPECTED: dict[str, tuple[str, bool, str | None, int, str, list[str]]] = {
     "smolagents": ("dict", False, "scripted-model", 10, "researcher.run", ["researcher.run"]),
     "google_adk": ("json", True, "mock", 10, "researcher", ["researcher", "researcher"]),
     "google_adk_legacy": ("json", True, "mock", 10, "researcher", ["researcher"]),
+    # The Vercel AI SDK (npm `ai` 6, clients/typescript/test/record_golden.ts), functionId
+    # "researcher": the run span is ai.generateText / ai.streamText, its aggregate usage unread.
+    "ai_sdk_generate_text": ("json", True, "mock-model-id", 10, "researcher", ["researcher"]),
+    "ai_sdk_stream_text": ("json", True, "mock-model-id", 10, "researcher", ["researcher"]),
 }  # fmt: skip
 
 
@@ -125,6 +129,8 @@ def test_the_mapping_reads_what_each_framework_recorded(name: str) -> None:
 # change to either changes these digests: bump the version that changed, then re-pin with the
 # digest the failure prints.
 PINNED: dict[str, str] = {
+    "ai_sdk_generate_text": "d1c175e95fdeec8b",
+    "ai_sdk_stream_text": "7886eef2c8406ec7",
     "google_adk": "b0b36e662d66cfcc",
     "google_adk_legacy": "598e9494ff9ad6c6",
     "langchain_openinference": "1583396274502b2f",
@@ -136,7 +142,7 @@ PINNED: dict[str, str] = {
     "pydantic_ai": "06588f245a6b4226",
     "smolagents": "14d8d9d810e4ab11",
 }
-PIN_VERSIONS = ("m2", "n3r5+vk.e84487b5+cap.16384")
+PIN_VERSIONS = ("m3", "n3r5+vk.e84487b5+cap.16384")
 
 
 def _digest(name: str) -> str:

@@ -694,7 +694,7 @@ def test_hostile_spans_always_get_an_answer(
 
 
 def test_mapping_is_versioned() -> None:
-    assert MAPPING_VERSION == "m2"
+    assert MAPPING_VERSION == "m3"
 
 
 def test_tool_span_mapping_needs_no_classification() -> None:

@@ -15,7 +15,10 @@ Recognition goes by attributes, in this order (``docs/emitters.md``):
    span of a LangGraph graph *node*, such as ``create_react_agent``'s model node, is a step,
    not a run);
 3. ``traceloop.span.kind``: ``tool`` / ``llm`` / ``agent`` / ``workflow``;
-4. last resorts: a ``gen_ai.tool.name`` attribute alone, then the span name
+4. ``ai.operationId`` (the Vercel AI SDK's own telemetry, ``ai`` 6): ``ai.toolCall`` → tool;
+   ``ai.generateText.doGenerate`` / ``ai.streamText.doStream`` (and the object twins) → model;
+   ``ai.generateText`` / ``ai.streamText`` → run boundary (the agent is its ``functionId``);
+5. last resorts: a ``gen_ai.tool.name`` attribute alone, then the span name
    (``execute_tool {tool}``, ``{tool}.tool``).
 
 The traps this module handles, so that its callers don't have to:
@@ -79,8 +82,13 @@ __all__ = [
     "view_from_readable_span",
 ]
 
-MAPPING_VERSION: Final = "m2"
+MAPPING_VERSION: Final = "m3"
 """Names the mapping rules. Bump when the same span could map to a different event.
+
+m3: the Vercel AI SDK's spans (``ai.operationId``) are read: ``ai.toolCall`` is a tool call
+(``ai.toolCall.name`` / ``.id`` / ``.args`` / ``.result``), ``ai.*.doGenerate`` /
+``ai.*.doStream`` a model call, ``ai.generateText`` / ``ai.streamText`` a run boundary named by
+``ai.telemetry.functionId`` (they were all ignored).
 
 m2: an OpenInference ``AGENT`` span of a LangGraph graph node (``metadata`` names a
 ``langgraph_node``) is no run boundary; a model span's reported cost (:data:`COST_ATTRIBUTES`)
@@ -220,6 +228,18 @@ _TRACELOOP_ROLES: Final = {
     "agent": SpanRole.RUN,
     "workflow": SpanRole.RUN,
 }
+_AI_SDK_ROLES: Final = {
+    "ai.toolCall": SpanRole.TOOL,
+    "ai.generateText.doGenerate": SpanRole.MODEL,
+    "ai.streamText.doStream": SpanRole.MODEL,
+    "ai.generateObject.doGenerate": SpanRole.MODEL,
+    "ai.streamObject.doStream": SpanRole.MODEL,
+    "ai.generateText": SpanRole.RUN,
+    "ai.streamText": SpanRole.RUN,
+}
+"""The Vercel AI SDK's ``ai.operationId`` values that are agent spans (docs/emitters.md). Its
+run spans carry the *aggregate* ``ai.usage.*`` of every step: only the ``do*`` spans are calls.
+``ai.generateObject`` / ``ai.streamObject`` (one structured answer, no tools) are no runs."""
 
 
 def classify(
@@ -242,7 +262,11 @@ def classify(
         and "openinference.span.kind" not in attributes
         and "traceloop.span.kind" not in attributes
     ):
-        # Most spans (HTTP, database, framework internals): only the last resorts are left.
+        # Most spans (HTTP, database, framework internals): the AI SDK's own key, then the
+        # last resorts.
+        if "ai.operationId" in attributes:  # (an `in` test: half the cost of a .get call)
+            sdk = attributes["ai.operationId"]
+            return _AI_SDK_ROLES.get(sdk, SpanRole.OTHER) if isinstance(sdk, str) else SpanRole.OTHER
         if "gen_ai.tool.name" in attributes:
             return SpanRole.TOOL
         if (
@@ -356,7 +380,7 @@ _NOT_SPECIFIED: Final = "<not specified>"  # ADK's placeholder for a missing cal
 
 def _tool_name(attrs: Mapping[str, Any], name: str) -> str | None:
     get = attrs.get
-    tool = _text(get("gen_ai.tool.name")) or _text(get("tool.name"))
+    tool = _text(get("gen_ai.tool.name")) or _text(get("tool.name")) or _text(get("ai.toolCall.name"))
     if tool is not None:
         return tool
     tool = _text(get("traceloop.entity.name"))
@@ -417,6 +441,8 @@ def _arguments(attrs: Mapping[str, Any]) -> tuple[Any, str | None]:
     """(arguments, call id found inside them) from every location docs/emitters.md lists."""
     get = attrs.get
     raw = get("gen_ai.tool.call.arguments")
+    if raw is None:
+        raw = get("ai.toolCall.args")  # the Vercel AI SDK (JSON text; absent with recordInputs off)
     if raw is None:
         raw = get("tool_arguments")  # pydantic-ai data format 1-2
     if raw is None:
@@ -502,6 +528,7 @@ def _error_in_result(value: Any) -> tuple[str | None, int | None]:
 
 _RESULT_KEYS: Final = (
     "gen_ai.tool.call.result",
+    "ai.toolCall.result",
     "output.value",
     "tool_response",
     "gcp.vertex.agent.tool_response",
@@ -513,7 +540,7 @@ _RARE_TOOL_KEYS: Final = frozenset(
     {*_RESULT_KEYS, "error.type", "pydantic_ai.tool.retry.attempt", "pydantic_ai.tool.retry.cause"}
 )
 """The result, error and retry keys :func:`_tool_call` reads: one ``isdisjoint`` test (the
-attribute keys are iterated in C) skips all eight lookups on a span that has none of them."""
+attribute keys are iterated in C) skips all nine lookups on a span that has none of them."""
 
 
 def map_tool_span(view: SpanView, normalizer: Normalizer = DEFAULT_NORMALIZER) -> ToolCall | None:
@@ -579,6 +606,8 @@ def _tool_call(
         arguments, call_id = _arguments(attrs)
     if call_id is None:
         call_id = get("gen_ai.tool.call.id")
+        if call_id is None:
+            call_id = get("ai.toolCall.id")  # the Vercel AI SDK
         if not isinstance(call_id, str) or not call_id or call_id == _NOT_SPECIFIED:
             call_id = None
     else:
@@ -741,6 +770,7 @@ def map_run_span(view: SpanView) -> RunBoundary:
         or _text(attrs.get("agent.name"))
         or _text(attrs.get("gen_ai.workflow.name"))
         or _text(attrs.get("traceloop.workflow.name"))
+        or _text(attrs.get("ai.telemetry.functionId"))  # the Vercel AI SDK's functionId
     )
     if agent is None and isinstance(view.name, str):
         name = view.name
