@@ -14,7 +14,7 @@ import json
 
 import msgspec
 import pytest
-from test_golden import CALLS, PIN_VERSIONS, load, mapped
+from test_golden import CALLS, GOLDEN, PIN_VERSIONS, load, mapped
 
 from tripwire.core.events import ModelCall, ToolCall
 from tripwire.core.signature import ABSENT, DEFAULT_NORMALIZER
@@ -126,3 +126,56 @@ def test_odd_values_never_raise() -> None:
     run = map_span(_view({"ai.operationId": "ai.generateText"}, name="ai.generateText"))
     assert isinstance(run, RunBoundary) and run.agent == "ai.generateText"
     assert stats.malformed == 0
+
+
+def _otlp_json(name: str) -> bytes:
+    """The golden spans as the JS OTLP/HTTP exporter sends them (JSON: hex ids, string ints)."""
+
+    def value(v: object) -> dict[str, object]:
+        if isinstance(v, bool):
+            return {"boolValue": v}
+        if isinstance(v, int):
+            return {"intValue": str(v)}
+        if isinstance(v, float):
+            return {"doubleValue": v}
+        if isinstance(v, list):
+            return {"arrayValue": {"values": [value(x) for x in v]}}
+        return {"stringValue": v}
+
+    data = json.loads((GOLDEN / f"{name}.json").read_text())
+    spans = []
+    for s in data["spans"]:
+        span = {
+            "traceId": s["trace_id"], "spanId": s["span_id"], "name": s["name"], "kind": 1,
+            "startTimeUnixNano": str(int(s["start_s"] * 1e9)), "endTimeUnixNano": str(int(s["end_s"] * 1e9)),
+            "attributes": [{"key": k, "value": value(v)} for k, v in s["attributes"].items()],
+            "status": {"code": 2, "message": s["status_message"]} if s["status_error"] else {"code": 0},
+            "events": [{"name": "exception", "timeUnixNano": "1", "attributes": [
+                {"key": "exception.type", "value": {"stringValue": s["exception_type"]}}]}]
+            if s["exception_type"] else [],
+        }  # fmt: skip
+        if s["parent_span_id"]:
+            span["parentSpanId"] = s["parent_span_id"]
+        spans.append(span)
+    request = {"resourceSpans": [{"resource": {"attributes": []},
+                                  "scopeSpans": [{"scope": {"name": "ai"}, "spans": spans}]}]}  # fmt: skip
+    return json.dumps(request).encode()
+
+
+@pytest.mark.parametrize("name", ["ai_sdk_generate_text", "ai_sdk_stream_text", "ai_sdk_tool_error"])
+def test_the_receivers_decoder_keeps_what_the_mapping_reads(name: str) -> None:
+    # The decoder drops every attribute it is not told to keep (the AI SDK's prompts and
+    # answers under "ai."): what it keeps must map to the same calls, models and runs.
+    from tripwire.spans.otlp import decode_json
+
+    decoded = decode_json(_otlp_json(name))
+    got = [map_span(s.view()) for s in decoded.views]
+    want = [map_span(v) for v in load(name)]
+    untimed = [
+        None if e is None else (type(e).__name__, {**msgspec.to_builtins(e), "start_s": 0, "end_s": 0})
+        for e in (*got, *want)
+    ]
+    assert untimed[: len(got)] == untimed[len(got) :]
+    assert sum(isinstance(e, ToolCall) for e in got) == 4 and sum(isinstance(e, RunBoundary) for e in got) == 1
+    kept = {k for s in decoded.views for k in s.view().attributes}
+    assert "ai.prompt.messages" not in kept and "ai.response.text" not in kept

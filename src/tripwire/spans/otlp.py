@@ -78,9 +78,22 @@ WANTED_PREFIXES: Final = (
 """Attribute key prefixes the decoder keeps (with :data:`WANTED_KEYS`: all the mapping reads,
 and ``service.name``)."""
 
-WANTED_KEYS: Final = frozenset({"metadata", "tool_arguments", "tool_response"})
+WANTED_KEYS: Final = frozenset(
+    {
+        "metadata",
+        "tool_arguments",
+        "tool_response",
+        "ai.operationId",
+        "ai.telemetry.functionId",
+        "ai.toolCall.name",
+        "ai.toolCall.id",
+        "ai.toolCall.args",
+        "ai.toolCall.result",
+    }
+)
 """Attribute keys without one of the prefixes that the mapping reads (OpenInference's
-``metadata``, pydantic-ai's ``tool_arguments``, ``tool_response``)."""
+``metadata``, pydantic-ai's ``tool_arguments``, ``tool_response``, the Vercel AI SDK's
+``ai.*`` keys: not the prefix ``ai.``, which also holds every prompt and answer)."""
 
 MAX_DEPTH: Final = 32
 """``arrayValue``/``kvlistValue`` nested deeper than this are cut (kept as ``None``)."""
