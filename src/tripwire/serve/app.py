@@ -1011,6 +1011,36 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
             return JSONResponse({"error": "no such run", "trace_id": trace_id}, status_code=404)
         return JSONResponse({"ok": True, "action": action, "run": row.as_json()})
 
+    async def post_receipt(request: Request) -> Response:
+        # An agent's stop receipt (tripwire.serve.posted_receipts): same auth as the actions.
+        from tripwire.serve.posted_receipts import (
+            MAX_RECEIPT_BYTES,
+            read_receipt,
+            store_receipt,
+            valid_trace_id,
+        )
+
+        if svc.actor(request) is None:
+            return unauthorized()
+        if not svc.csrf_ok(request, request.headers.get("x-csrf-token", "")):
+            return JSONResponse({"error": "forbidden", "detail": "send Authorization: Bearer <token>"}, status_code=403)
+        trace_id = request.path_params["trace_id"].lower()
+        if not valid_trace_id(trace_id):
+            await _discard_body(request, MAX_RECEIPT_BYTES)
+            return JSONResponse({"error": "bad trace id", "detail": "32 hex characters, not all zero"}, status_code=400)
+        try:
+            raw = await asyncio.wait_for(_read_body(request, MAX_RECEIPT_BYTES), config.body_timeout_s)
+        except asyncio.TimeoutError:
+            return JSONResponse({"error": "timeout", "detail": "the body did not arrive in time"}, status_code=408, headers={"Connection": "close"})
+        if raw is None:
+            return JSONResponse({"error": "too large", "detail": f"a receipt is at most {MAX_RECEIPT_BYTES} bytes"}, status_code=413)
+        try:
+            receipt, health = read_receipt(bytes(raw), trace_id)
+        except InputError as exc:
+            return JSONResponse({"error": "not a stop receipt", "detail": str(exc)}, status_code=400)
+        held = await asyncio.to_thread(store_receipt, svc, trace_id, receipt, health)
+        return JSONResponse({"ok": True, "trace_id": trace_id, "health": health, "stop_reason": receipt["reason"], "pending": held})
+
     async def one_flag(request: Request) -> Response:
         if not svc.authorized(request):
             return unauthorized()
@@ -1160,6 +1190,7 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> Starle
         Route("/metrics", metrics, methods=["GET"]),
         Route("/api/runs", list_runs, methods=["GET"]),
         Route("/api/runs/{trace_id}", one_run, methods=["GET"]),
+        Route("/api/runs/{trace_id}/receipt", post_receipt, methods=["POST"]),
         Route("/api/runs/{trace_id}/{action}", act, methods=["POST"]),
         Route("/api/flags/wait", wait_flags, methods=["POST"]),
         Route("/api/flags/{trace_id}", one_flag, methods=["GET"]),

@@ -25,7 +25,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -320,6 +320,17 @@ class Fleet:
         """Runs an operator killed (who, through what, when) that have not ended yet: their
         receipt says ``user_cancelled`` by that operator, however the agent wound up after the
         stop. Kept for ``idle_ttl_s`` after the kill, at most :data:`QUIET_KEPT_MAX`."""
+        self._client: _Kept[tuple[dict[str, Any], str]] = _Kept(QUIET_KEPT_MAX)
+        """Stop receipts agents posted (``POST /api/runs/{id}/receipt``) for runs still held,
+        with their health: the run's end writes the agent's receipt, not the one the trace
+        implies. Kept for ``idle_ttl_s``, at most :data:`QUIET_KEPT_MAX`."""
+
+    def client_receipt(self, trace_id: str, receipt: dict[str, Any], health: str, at: float) -> bool:
+        """An agent posted its run's stop receipt: when the run ends here, its row carries this
+        receipt and ``health`` (the agent saw how its loop ended; the trace only shows that it
+        did). Returns whether this fleet holds the run (else the caller writes the row)."""
+        self._client.keep(trace_id, (receipt, health), at)
+        return trace_id in self._traces
 
     def operator_killed(self, trace_id: str, *, actor: str, via: str, at: float) -> None:
         """An operator killed the run (its flag is going up): when it ends, its receipt says
@@ -938,6 +949,9 @@ class Fleet:
             row, trace.assessment, trace.budget_stop, root=root, idle=idle,
             policy=self.policy, normalizer=self.normalizer, operator=self._operator.seen(tid, keep=idle),
         )
+        posted = self._client.seen(tid, keep=idle and root is None)
+        if posted is not None:
+            receipt, health = posted
         row.receipt = receipt
         row.health = health
         if row.stop_reason is None:
@@ -954,6 +968,7 @@ class Fleet:
         """Forget the ended runs past their windows (``idle_ttl_s``, :data:`QUIET_KEPT_S`)."""
         self._ended.forget_before(now - self.idle_ttl_s)
         self._operator.forget_before(now - self.idle_ttl_s)
+        self._client.forget_before(now - self.idle_ttl_s)
         self._quiet.forget_before(now - QUIET_KEPT_S)
 
     def _write_dirty(self, now: float, out: Outcome) -> None:
