@@ -89,17 +89,16 @@ export function scriptedModel(script: Call[], delayMs = 2): Scripted {
   return { model, calls: () => n };
 }
 
-export type Bodies = { search: number; fetch: number; total: () => number };
-
-/** The two tools, counting the bodies that ran. */
-export function researchTools() {
-  const bodies = { search: 0, fetch: 0 };
+/** The two tools, counting the bodies that ran (`delayMs` per body). */
+export function researchTools(delayMs = 0) {
+  const log: string[] = [];
   const tools = {
     search_docs: tool({
       description: "Search the documentation.",
       inputSchema: z.object({ query: z.string() }),
       execute: async ({ query }) => {
-        bodies.search++;
+        log.push("search_docs");
+        if (delayMs) await sleep(delayMs);
         return query === LOOP_ARGS.query ? "no results" : `results about ${query}`;
       },
     }),
@@ -107,10 +106,11 @@ export function researchTools() {
       description: "Fetch a documentation page.",
       inputSchema: z.object({ url: z.string() }),
       execute: async ({ url }) => {
-        bodies.fetch++;
+        log.push("fetch_page");
+        if (delayMs) await sleep(delayMs);
         return `<html>${url}</html>`;
       },
     }),
   };
-  return { tools, bodies: { get search() { return bodies.search; }, get fetch() { return bodies.fetch; }, total: () => bodies.search + bodies.fetch } };
+  return { tools, bodies: log };
 }
