@@ -174,3 +174,49 @@ def test_loop_detected_fields_survive_pickling() -> None:
         Rule.PERIOD, 2, 3, 6, "3f9a0c1d2e3f4a5b",
     )
     assert back.reason is StopReason.LOOP_DETECTED
+
+
+def test_every_public_callable_refuses_wrong_types_with_tripwires_own_errors() -> None:
+    # Bad input gets a clear error: each keyword of each public class and function, given a
+    # value of a wrong type, raises a TripwireError naming it (or is accepted), never an
+    # AttributeError or a TypeError from deep inside (seven did: Guard clock/ledger/normalizer,
+    # Lease renewals, classify receipt, instrument env, signature_of normalizer).
+    import enum
+    import inspect
+    import warnings
+
+    import tripwire
+    from tripwire.errors import TripwireError
+
+    wrong = [None, "x", -1, 1.5, [], {}, object(), b"\xff", float("nan"), 10**400, True]
+    escaped: dict[tuple[str, str], str] = {}
+    for name in tripwire.__all__:
+        obj = getattr(tripwire, name)
+        if not callable(obj) or (inspect.isclass(obj) and issubclass(obj, (BaseException, enum.Enum))):
+            continue
+        try:
+            params = [
+                p for p in inspect.signature(obj).parameters.values()
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and not p.name.startswith("_")
+            ]
+        except (TypeError, ValueError):
+            continue
+        for param in params:
+            for value in wrong:
+                kwargs = {
+                    q.name: "search" if "tool" in q.name or "name" in q.name else {}
+                    for q in params if q.default is q.empty and q.name != param.name
+                }
+                kwargs[param.name] = value
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        obj(**kwargs)
+                except TripwireError:
+                    pass
+                except TypeError as exc:
+                    if "argument" not in str(exc):  # not a call's own missing/unexpected keyword
+                        escaped[(name, param.name)] = f"TypeError: {exc}"
+                except Exception as exc:
+                    escaped[(name, param.name)] = f"{type(exc).__name__}: {exc}"
+    assert not escaped, escaped

@@ -37,7 +37,11 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     """How many times the lease has been extended so far."""
 
     def __post_init__(self) -> None:
-        if self.renewals < 0:
+        if not isinstance(self.owner, str):
+            raise ConfigError("Lease.owner", self.owner, "a str (empty: unrouted)")
+        if isinstance(self.deadline_s, bool) or not isinstance(self.deadline_s, (int, float)):
+            raise ConfigError("Lease.deadline_s", self.deadline_s, "a number of seconds")
+        if isinstance(self.renewals, bool) or not isinstance(self.renewals, int) or self.renewals < 0:
             raise ConfigError("Lease.renewals", self.renewals, "an integer >= 0")
 
     def valid_at(self, now_s: float, max_renewals: int) -> bool:

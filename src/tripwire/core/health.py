@@ -43,6 +43,7 @@ from tripwire.core.receipt import (
     OutcomeRequirement,
     StopReceipt,
 )
+from tripwire.errors import ConfigError
 
 __all__ = ["Health", "HealthState", "classify"]
 
@@ -188,7 +189,15 @@ def classify(receipt: StopReceipt, *, now: float | None = None) -> Health:
 
     Returns:
         The first matching state; see the module docstring for the table.
+
+    Raises:
+        ConfigError: ``receipt`` is not a :class:`StopReceipt` (``StopReceipt.from_dict`` reads
+            one from JSON), or ``now`` is not a number.
     """
+    if not isinstance(receipt, StopReceipt):
+        raise ConfigError("receipt", type(receipt).__name__, "a StopReceipt (StopReceipt.from_dict reads JSON)")
+    if now is not None and (isinstance(now, bool) or not isinstance(now, (int, float))):
+        raise ConfigError("now", now, "a number of seconds, or None")
     end, reason, failure = receipt.end, receipt.reason, receipt.tool_failure
     went_on = _went_on(receipt.after_stop)
     # Row 1 outranks everything, disagreement included: after a tool failure the safe move is

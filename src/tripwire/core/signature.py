@@ -1177,4 +1177,8 @@ def signature_of(tool: str, arguments: Any = ABSENT, normalizer: Normalizer | No
     >>> signature_of("search", {"q": "x", "request_id": 7}) == signature_of("search", '{"q":"x"}')
     True
     """
-    return (normalizer or DEFAULT_NORMALIZER).signature(tool, arguments)
+    if normalizer is None:
+        return DEFAULT_NORMALIZER.signature(tool, arguments)
+    if not isinstance(normalizer, Normalizer):
+        raise ConfigError("normalizer", normalizer, "a tripwire Normalizer, or None")
+    return normalizer.signature(tool, arguments)

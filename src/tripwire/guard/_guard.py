@@ -195,6 +195,12 @@ class Guard:
             raise ConfigError("on_loop", on_loop, "'stop' or 'nudge'")
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ConfigError("run_id", run_id, "a non-empty str, or None")
+        if not callable(clock):
+            raise ConfigError("clock", clock, "a callable returning seconds, like time.monotonic")
+        if ledger is not None and not all(callable(getattr(ledger, m, None)) for m in ("reserve", "add", "get")):
+            raise ConfigError("ledger", ledger, "a Ledger (MemoryLedger, SqliteLedger, RedisLedger), or None")
+        if not isinstance(normalizer, Normalizer):
+            raise ConfigError("normalizer", normalizer, "a tripwire Normalizer")
         self.limits = limits
         self.loop_policy = loop_policy
         self.on_loop: OnLoop = "nudge" if on_loop == "nudge" else "stop"

@@ -208,6 +208,8 @@ def instrument(
         raise ConfigError("token", "<set>", "a token only with endpoint= (the service it is for)")
     settings = {k: v for k, v in overrides.items() if k not in _PROCESSOR_ONLY}
     kwargs = {k: v for k, v in overrides.items() if k in _PROCESSOR_ONLY}
+    if env is not None and not isinstance(env, Mapping):
+        raise ConfigError("env", env, "a mapping of environment variables, or None")
     config = load_config(settings, env=env)
     sdk_provider = _sdk_provider(provider)
     with _attach_lock:
