@@ -6,6 +6,7 @@ import ast
 import importlib.metadata
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
@@ -41,19 +42,22 @@ def _declared() -> set[str]:
     return {re.split(r"[\[<>=!~;\s]", s, maxsplit=1)[0].lower().replace("_", "-") for s in specs}
 
 
+def _absolute_imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, module) of every absolute import in ``tree``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module
+
+
 def _imported_top_levels() -> dict[str, str]:
     """Top-level module name -> one file of src/tripwire that imports it (absolute imports)."""
     found: dict[str, str] = {}
     for path in sorted((ROOT / "src" / "tripwire").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            for name in names:
-                found.setdefault(name.split(".")[0], str(path.relative_to(ROOT)))
+        for _, name in _absolute_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            found.setdefault(name.split(".")[0], str(path.relative_to(ROOT)))
     return found
 
 
@@ -177,23 +181,14 @@ def test_every_extra_declares_what_its_own_code_imports() -> None:
         tree = ast.parse(text)
         skip = _optional_or_typing(tree)
         extra = _owner(rel)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
+        for line, name in _absolute_imports(tree):
+            top = name.split(".")[0]
+            if line in skip or top in sys.stdlib_module_names or top in ("tripwire", "__future__"):
                 continue
-            if node.lineno in skip:
-                continue
-            for name in names:
-                top = name.split(".")[0]
-                if top in sys.stdlib_module_names or top in ("tripwire", "__future__"):
-                    continue
-                needed_by = _LAZY_EXTRA.get((rel, top), extra)
-                dists = {d.lower().replace("_", "-") for d in owners.get(top, [top])}
-                if not dists & _extra_closure(needed_by):
-                    gaps.append(f"{rel} imports {name} ({'/'.join(sorted(dists))}): not in tripwire[{needed_by or ''}]")
+            needed_by = _LAZY_EXTRA.get((rel, top), extra)
+            dists = {d.lower().replace("_", "-") for d in owners.get(top, [top])}
+            if not dists & _extra_closure(needed_by):
+                gaps.append(f"{rel} imports {name} ({'/'.join(sorted(dists))}): not in tripwire[{needed_by or ''}]")
         for feature, dist in _FEATURES:
             if feature in text and dist not in _extra_closure(extra):
                 gaps.append(f"{rel} uses {feature}, which needs {dist}: not in tripwire[{extra or ''}]")
