@@ -211,7 +211,12 @@ export class TripwireRun {
       if (error !== undefined && steps.length === 0) afterStop = { model_calls: 0, tool_calls: this.refusedAfter };
     } else if (error !== undefined) {
       const name = errorType(error);
-      if (name === "TimeoutError") {
+      if (name === "MaxTurnsExceededError") {
+        // OpenAI Agents JS: run(..., { maxTurns }) ran out of turns (say `maxSteps: maxTurns`).
+        end = "stop_condition";
+        reason = "max_steps";
+        condition = { max_steps: this.options.maxSteps };
+      } else if (name === "TimeoutError") {
         end = "timeout";
         reason = "max_duration";
         condition = { source: "abort_signal", duration_s: round(ended - started) };

