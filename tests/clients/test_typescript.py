@@ -51,7 +51,7 @@ def test_the_typescript_client(tmp_path: Path) -> None:
     _npm_ci()
     port = free_port()
     args = ["--port", str(port), "--store", f"sqlite:///{tmp_path / 'runs.db'}", "--spool", "off",
-            "--reorder-ms", "0", "--log-format", "text"]  # fmt: skip
+            "--log-format", "text"]  # the default 200 ms reorder window  # fmt: skip
     proc = serve_process(args, env={"TRIPWIRE_TOKEN": TOKEN}, stderr=tmp_path / "serve.log")
     try:
         wait_ready(port, proc)
