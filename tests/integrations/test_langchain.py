@@ -334,6 +334,19 @@ def test_a_clean_stop_prints_no_callback_error(
     assert "Error in" not in capfd.readouterr().err
 
 
+def test_a_clean_stop_of_an_async_run_prints_no_callback_error(
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    counters = Counters()
+    handler = TripwireCallbackHandler()
+    graph = create_agent(ScriptedChatModel(script=looping, counters=counters), make_tools(counters))
+    with caplog.at_level(logging.DEBUG):
+        out = asyncio.run(handler.ainvoke(graph, INPUT, CONFIG))
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
+    assert counters.loop_bodies == 3
+    assert "Error in" not in caplog.text and "Error in" not in capfd.readouterr().err
+
+
 def test_a_real_error_in_a_callback_is_still_logged(caplog: pytest.LogCaptureFixture) -> None:
     class Broken(TripwireCallbackHandler):
         def on_llm_end(self, response: Any, **kwargs: Any) -> None:
