@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ pytest.importorskip("smolagents")
 from smolagents import CodeAgent, Model, ToolCallingAgent, tool
 from smolagents.models import (
     ChatMessage,
+    ChatMessageStreamDelta,
     ChatMessageToolCall,
     ChatMessageToolCallFunction,
     MessageRole,
@@ -369,6 +370,31 @@ def test_a_refusal_that_ends_the_run_keeps_the_last_steps_tokens(code: bool) -> 
     assert (counters.input_tokens, counters.output_tokens) == (4 * INPUT_TOKENS, 4 * OUTPUT_TOKENS)
     assert not got[0].after_stop.active  # type: ignore[attr-defined]
     assert isinstance(h.agent.model, ScriptedModel)  # the agent's model, as far as anyone asks
+
+
+class StreamingModel(ScriptedModel):
+    """The scripted model, streamed: the code in two deltas, usage on each (as providers do)."""
+
+    def generate_stream(self, messages: list[Any], **kwargs: Any) -> Iterator[Any]:
+        message = self.generate(messages, **kwargs)
+        text = message.content
+        half = len(text) // 2
+        yield ChatMessageStreamDelta(content=text[:half],
+                                     token_usage=TokenUsage(input_tokens=INPUT_TOKENS, output_tokens=1))
+        yield ChatMessageStreamDelta(content=text[half:], token_usage=TokenUsage(
+            input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS - 1))  # fmt: skip
+
+
+def test_a_streamed_model_call_is_counted_when_its_stream_ends() -> None:
+    counters = Counters()
+    model = StreamingModel(looping, counters, code=True)
+    agent = CodeAgent(tools=_tools(counters), model=model, max_steps=60, verbosity_level=0,
+                      stream_outputs=True)  # fmt: skip
+    got, sink = _receipts()
+    out = Tripwire(on_receipt=sink).run(agent, "q")
+    assert isinstance(out, StoppedRun) and out.reason is StopReason.LOOP_DETECTED
+    assert counters.model_calls == 4 and counters.loop_bodies == 3
+    assert (got[0].counters.input_tokens, got[0].counters.output_tokens) == (40, 12)
 
 
 def test_a_plain_agent_run_keeps_the_last_steps_tokens_too() -> None:
