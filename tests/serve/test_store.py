@@ -180,3 +180,20 @@ def test_a_url_of_another_database_is_a_clear_error() -> None:
         RunStore.open("mysql://root:secret@127.0.0.1/test")
     assert "secret" not in str(info.value)
     assert "postgresql" in str(info.value)
+
+
+def test_a_keyed_normalizers_version_fits_in_every_store(store: RunStore) -> None:
+    # A keyed normalizer's version is longer than 40 characters: PostgreSQL refused every run
+    # row once the service keyed its digests (SQLite does not check lengths).
+    from tripwire.core.signature import Normalizer
+
+    version = Normalizer(key=b"k" * 32, volatile_keys=frozenset({"request_id", "trace", "nonce_x"})).version
+    assert len(version) > 40
+    tid = "d" * 32
+    store.write(Batch(
+        runs=[_run(tid, normalizer_version=version, policy_version="p" * 60)],
+        verdicts=[VerdictRow(trace_id=tid, at=100.0, verdict="stuck", normalizer_version=version)],
+    ))
+    row = store.run(tid)
+    assert row is not None and row.normalizer_version == version and row.policy_version == "p" * 60
+    assert store.verdicts(tid)[0].normalizer_version == version

@@ -49,7 +49,7 @@ __all__ = [
 
 logger = logging.getLogger("tripwire.store.runs")
 
-SCHEMA_REVISION: Final = "0002"
+SCHEMA_REVISION: Final = "0003"
 """The Alembic revision this code reads and writes (``migrations/versions``)."""
 VERSION_TABLE: Final = "tripwire_alembic_version"
 """Alembic's version table for the run store (its own name: the database may hold others)."""
@@ -79,8 +79,8 @@ runs = sa.Table(
     sa.Column("killed", sa.Boolean, nullable=False, default=False),
     sa.Column("acknowledged", sa.Boolean, nullable=False, default=False),
     sa.Column("resolved", sa.Boolean, nullable=False, default=False),
-    sa.Column("policy_version", sa.String(40), nullable=True),
-    sa.Column("normalizer_version", sa.String(40), nullable=True),
+    sa.Column("policy_version", sa.String(120), nullable=True),
+    sa.Column("normalizer_version", sa.String(120), nullable=True),
     sa.Column("mapping_version", sa.String(16), nullable=True),
     sa.Column("receipt", sa.Text, nullable=True),
     sa.Column("created_at", sa.Float, nullable=False),
@@ -106,8 +106,8 @@ verdicts = sa.Table(
     sa.Column("hits", sa.Integer, nullable=False, default=0),
     sa.Column("reason", sa.Text, nullable=False, default=""),
     sa.Column("stop_reason", sa.String(40), nullable=True),
-    sa.Column("policy_version", sa.String(40), nullable=True),
-    sa.Column("normalizer_version", sa.String(40), nullable=True),
+    sa.Column("policy_version", sa.String(120), nullable=True),
+    sa.Column("normalizer_version", sa.String(120), nullable=True),
 )
 
 calls = sa.Table(
