@@ -31,6 +31,7 @@ from tripwire.store.runs import RunStore, runs, verdicts
 __all__ = [
     "HEALTHY_STATES",
     "METRICS",
+    "NO_AGENT",
     "PERCENTILES",
     "AgentReport",
     "LearnedLine",
@@ -40,6 +41,8 @@ __all__ = [
     "write_limits_file",
 ]
 
+NO_AGENT: Final = "(no agent)"
+"""The one label every view (dashboard, ``tripwire report``) gives runs no span named an agent for."""
 PERCENTILES: Final = (0.5, 0.95, 0.99)
 METRICS: Final = ("steps", "tool_calls", "duration_s", "cost_usd")
 HEALTHY_STATES: Final = frozenset({"verified_complete", "complete_unverified"})

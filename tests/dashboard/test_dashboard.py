@@ -180,7 +180,7 @@ def test_the_dashboards_actions_are_the_apis_a_resolved_run_that_repeats_is_stop
 def test_a_signed_in_browser_cannot_be_made_to_act_by_another_page(live: Running) -> None:
     import re
 
-    spans = loop_spans(2)
+    spans = [s for s in loop_spans(2) if s.parent is not None]  # a run still going: its page has a form
     tid = trace_id_of(spans)
     assert httpx.post(f"{live.url}/v1/traces", content=protobuf_body(spans), headers=PB).status_code == 200
     with httpx.Client(base_url=live.url) as browser_like:
@@ -231,3 +231,101 @@ def test_sign_in_is_throttled_per_address(live: Running) -> None:
     assert held.status_code == 429 and 0 < int(held.headers["retry-after"]) <= 60
     # An API client with its token is not affected.
     assert httpx.get(f"{live.url}/api/runs", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+def _tool_spans(service: str | None, n: int) -> tuple[Any, ...]:
+    """A run still going: ``n`` identical tool spans under a root span that has not ended
+    (not sent), from an exporter whose resource is ``service.name=service`` (None: the SDK's
+    default, ``unknown_service``)."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": service} if service else {}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("tests")
+    with tracer.start_as_current_span("invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent"}):
+        for i in range(n):
+            with tracer.start_as_current_span("execute_tool lookup", attributes={
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup", "gen_ai.tool.call.id": f"c{i}",
+                "gen_ai.tool.call.arguments": json.dumps({"id": i}),
+            }):
+                pass
+    provider.shutdown()
+    return tuple(s for s in exporter.get_finished_spans() if s.parent is not None)
+
+
+def test_a_running_run_is_named_by_its_exporters_service_name_and_an_unnamed_one_by_one_label(live: Running) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    named, unnamed = _tool_spans("billing-bot", 3), _tool_spans(None, 3)
+    for spans in (named, unnamed):
+        assert httpx.post(f"{live.url}/v1/traces", content=protobuf_body(spans), headers=PB).status_code == 200
+    runs_page = httpx.get(f"{live.url}/fragments/runs?since=24h", headers=auth).text
+    rows = {tid: runs_page.split(f'data-run="{tid}"', 1)[1].split("</tr>", 1)[0] for tid in (trace_id_of(named), trace_id_of(unnamed))}
+    # It showed "—" until the root span ended.
+    assert "<td>billing-bot</td>" in rows[trace_id_of(named)] and "running" in rows[trace_id_of(named)]
+    # The SDK's placeholder service name is no name: the one "no agent" label.
+    assert "<td>(no agent)</td>" in rows[trace_id_of(unnamed)] and "unknown_service" not in runs_page
+    run_page = httpx.get(f"{live.url}/runs/{trace_id_of(named)}", headers=auth).text
+    assert '<th scope="row">agent</th><td>billing-bot</td>' in run_page
+    # The Runs page's agent filter knows it from the start.
+    filtered = httpx.get(f"{live.url}/fragments/runs?since=24h&agent=billing-bot", headers=auth).text
+    assert trace_id_of(named) in filtered and trace_id_of(unnamed) not in filtered
+
+
+def _buttons(html: str) -> set[str]:
+    import re
+
+    return set(re.findall(r'formaction="/runs/[0-9a-f]+/(\w+)"', html))
+
+
+def test_actions_show_only_where_they_apply_and_the_receipt_reads_as_a_summary(live: Running) -> None:
+    import html
+    import re
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    healthy = _distinct_spans(6)
+    assert httpx.post(f"{live.url}/v1/traces", content=protobuf_body(healthy), headers=PB).status_code == 200
+    with httpx.Client(base_url=live.url, headers=auth) as client:
+        # An ended healthy run: nothing to kill, resolve or acknowledge (all three were shown).
+        page = client.get(f"/runs/{trace_id_of(healthy)}").text
+        assert _buttons(page) == set() and 'aria-label="Actions on this run"' not in page
+        # A looping run still going: the service raised its flag; Resolve and Acknowledge apply.
+        spans = loop_spans(6)
+        tid = trace_id_of(spans)
+        tools = [s for s in spans if s.parent is not None]
+        root = [s for s in spans if s.parent is None]
+        assert client.post("/v1/traces", content=protobuf_body(tools), headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+        page = client.get(f"/runs/{tid}").text
+        assert _buttons(page) == {"resolve", "acknowledge"}
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+        assert csrf is not None
+        assert client.post(f"/runs/{tid}/resolve", data={"csrf": csrf[1]}).status_code == 303
+        assert client.post(f"/runs/{tid}/acknowledge", data={"csrf": csrf[1]}).status_code == 303
+        # Flag down, acknowledged, still running: only Kill.
+        assert _buttons(client.get(f"/runs/{tid}").text) == {"kill"}
+        assert client.post(f"/runs/{tid}/kill", data={"csrf": csrf[1]}).status_code == 303
+        assert _buttons(client.get(f"/runs/{tid}").text) == {"resolve"}
+        # A run going well, killed by an operator, then ended: its receipt says who stopped it,
+        # in words, with the JSON behind a disclosure.
+        going = _distinct_spans(4)
+        gid = trace_id_of(going)
+        pb = {"Content-Type": "application/x-protobuf"}
+        assert client.post("/v1/traces", content=protobuf_body([s for s in going if s.parent is not None]), headers=pb).status_code == 200
+        assert _buttons(client.get(f"/runs/{gid}").text) == {"kill"}
+        assert client.post(f"/runs/{gid}/kill", data={"csrf": csrf[1]}).status_code == 303
+        assert client.post("/v1/traces", content=protobuf_body([s for s in going if s.parent is None]), headers=pb).status_code == 200
+        page = client.get(f"/runs/{gid}").text
+        summary = page.split('data-field="receipt"', 1)[1].split("</dl>", 1)[0]
+        assert "<dt>stop cause</dt><dd>user_cancelled (end: user_abort); killed by token 1 via dashboard at " in summary
+        assert "<dt>health</dt><dd>bounded_stop" in summary
+        assert "4 tool calls" in summary and "<dt>versions</dt><dd>policy p" in summary
+        json_part = page.split('<details id="receipt-json">', 1)[1].split("</details>", 1)[0]
+        receipt = json.loads(html.unescape(json_part.split("<code>", 1)[1].split("</code>", 1)[0]))
+        assert receipt["condition"]["by"] == "token 1" and receipt["reason"] == "user_cancelled"
+        # The stuck run, ended: its own stop cause, in words; the flag still up, so Resolve.
+        assert client.post("/v1/traces", content=protobuf_body(root), headers=pb).status_code == 200
+        page = client.get(f"/runs/{tid}").text
+        assert "<dt>stop cause</dt><dd>loop_detected (end: stop_condition); call_index 6" in page

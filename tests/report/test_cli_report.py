@@ -107,3 +107,29 @@ def test_the_suggested_command_is_quoted_for_the_shell_and_names_show_as_sent(tm
     result = runner.invoke(app, ["report", "--store", url, "--agent", hostile, "--write-limits", str(limits)])
     assert result.exit_code == 0, result.output
     assert "into [limits] of" in result.stderr
+
+
+def test_runs_no_span_named_an_agent_for_are_one_label_apart_from_the_overall_row(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    store = RunStore.open(url)
+    now = time.time()
+    store.write(Batch(runs=[
+        RunRow(trace_id=f"{i:032x}", agent=None if i % 2 else "support", status="ended", stop_reason="completed",
+               health="complete_unverified", steps=i, tool_calls=i, created_at=now - 60, updated_at=now)
+        for i in range(1, 9)
+    ]))
+    store.dispose()
+    result = runner.invoke(app, ["report", "--store", url], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    # The unnamed runs were listed as "(all)" (like the overall row) in one table and "(none)" in another.
+    first = [line for line in result.stdout.splitlines() if "(all)" in line]
+    assert len(first) == 2  # the overall row of the two per-agent tables, nothing else
+    assert "(none)" not in result.stdout
+    assert sum("(no agent)" in line for line in result.stdout.splitlines()) >= 2
+    out = tmp_path / "r.html"
+    result = runner.invoke(app, ["report", "--store", url, "--html", str(out)])
+    assert result.exit_code == 0, result.output
+    # --html prints only where it wrote, not every table as well.
+    assert result.stdout == "" and f"wrote {out}" in result.stderr
+    page = out.read_text()
+    assert page.count("all agents") == 1 and "(no agent)" in page

@@ -86,7 +86,7 @@ def report(
     if as_json:
         out_console.print_json(json.dumps(result.as_json()))
         return
-    if html_out is None or result.overall.runs:
+    if html_out is None:  # with --html, only where it wrote (stderr): the page is the report
         _print_tables(result)
 
 
@@ -103,14 +103,20 @@ def _fmt(value: float | None, unit: str = "") -> str:
 def _print_tables(result: Report) -> None:
     from rich.table import Table
 
+    from tripwire.report import NO_AGENT
+
     everyone = [result.overall, *result.agents]
+
+    def name(a: AgentReport) -> str:
+        return escape("(all)" if a is result.overall else a.agent or NO_AGENT)
+
     t = Table(title="runs and percentiles (p50 / p95 / p99)", title_justify="left")
     for col in ("agent", "runs", "steps", "tool calls", "duration", "cost", "stuck", "calls after stuck"):
         t.add_column(col, overflow="fold")
     for a in everyone:
         p = a.percentiles
         t.add_row(
-            escape(a.agent or "(all)"),
+            name(a),
             str(a.runs),
             " / ".join(_fmt(p["steps"][k]) for k in ("p50", "p95", "p99")),
             " / ".join(_fmt(p["tool_calls"][k]) for k in ("p50", "p95", "p99")),
@@ -126,7 +132,7 @@ def _print_tables(result: Report) -> None:
     s.add_column("health", overflow="fold")
     for a in everyone:
         s.add_row(
-            escape(a.agent or "(all)"),
+            name(a),
             ", ".join(f"{k} {v / a.runs:.0%}" for k, v in sorted(a.stop_reasons.items(), key=lambda kv: -kv[1])),
             ", ".join(f"{k} {v}" for k, v in sorted(a.health.items(), key=lambda kv: -kv[1])),
         )
@@ -145,7 +151,7 @@ def _print_tables(result: Report) -> None:
     for a in result.agents:
         for line in a.learned:
             lb.add_row(
-                escape(a.agent or "(none)"),
+                name(a),
                 line.counter,
                 str(line.line) if line.line is not None else "-",
                 _fmt(line.current),
@@ -198,7 +204,9 @@ def _bars(title: str, items: list[tuple[str, float]], unit: str = "") -> str:
     return f'<svg role="img" aria-label="{html.escape(title)}" width="640" height="{height}">{"".join(rows)}</svg>'
 
 
-def _agent_html(a: AgentReport) -> str:
+def _agent_html(a: AgentReport, *, overall: bool = False) -> str:
+    from tripwire.report import NO_AGENT
+
     p = a.percentiles
     cells = "".join(
         f"<tr><th scope='row'>{m}</th>" + "".join(f"<td>{_fmt(p[m][k], u)}</td>" for k in ("p50", "p95", "p99")) + "</tr>"
@@ -208,7 +216,7 @@ def _agent_html(a: AgentReport) -> str:
         f"<tr><td>{html.escape(line.counter)}</td><td>{line.line if line.line is not None else '-'}</td><td>{_fmt(line.current)}</td><td>{line.healthy_runs}</td><td>{html.escape(line.note)}</td></tr>"
         for line in a.learned
     )
-    name = html.escape(a.agent or "all agents")
+    name = html.escape("all agents" if overall else a.agent or NO_AGENT)
     return (
         f"<section><h2>{name} <small>({a.runs} runs)</small></h2>"
         f"<table><caption>percentiles</caption><tr><th></th><th>p50</th><th>p95</th><th>p99</th></tr>{cells}</table>"
@@ -224,7 +232,7 @@ def _agent_html(a: AgentReport) -> str:
 def render_html(result: Report) -> str:
     """The report as one self-contained HTML page (inline CSS and SVG; nothing fetched)."""
     period = "all runs" if result.since is None else f"runs since {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(result.since))}"
-    body = _agent_html(result.overall) + "".join(_agent_html(a) for a in result.agents)
+    body = _agent_html(result.overall, overall=True) + "".join(_agent_html(a) for a in result.agents)
     return (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'><title>tripwire report</title>"
         "<style>body{font:15px/1.45 system-ui,sans-serif;color:#111;background:#fff;max-width:960px;margin:2em auto;padding:0 1em}"

@@ -26,6 +26,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from tripwire.report import NO_AGENT
 from tripwire.serve.killchannel import ACTIONS
 from tripwire.serve.websecurity import SESSION_COOKIE, SESSION_TTL_S
 from tripwire.store.runs import RunStore, runs, verdicts
@@ -54,6 +55,7 @@ def _env() -> Any:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.globals["no_agent"] = NO_AGENT
     env.filters["when"] = lambda t: (
         time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "—"
     )
@@ -102,6 +104,57 @@ def _stacked_chart(buckets: list[dict[str, int]], start: float, hours: int) -> s
         f'<svg role="img" aria-label="{label}" width="{width}" height="{height}">'
         f"{''.join(parts)}{legend}</svg>"
     )
+
+
+def _actions(status: str, verdict: str, acknowledged: bool, flag_up: bool) -> list[str]:
+    """The actions that apply to a run: Kill while it runs (and its flag is down), Resolve while
+    its flag is up, Acknowledge while it is judged stuck and nobody has; an ended healthy run
+    has none."""
+    out = []
+    if status == "running" and not flag_up:
+        out.append("kill")
+    if flag_up:
+        out.append("resolve")
+    if verdict == "stuck" and not acknowledged:
+        out.append("acknowledge")
+    return out
+
+
+def _receipt_summary(receipt: dict[str, Any], health: str | None, health_reason: str | None) -> list[tuple[str, str]]:
+    """The stop receipt as (label, text) lines a person reads: stop cause (and who acted, for an
+    operator's kill), health, counters, versions. Read from the stored JSON: an older or partial
+    receipt shows what it has."""
+    def text(value: Any) -> str:
+        return "—" if value is None or value == "" else str(value)
+
+    reason, end = receipt.get("reason"), receipt.get("end")
+    cause = text(reason) + (f" (end: {end})" if end else "")
+    condition = receipt.get("condition")
+    if isinstance(condition, dict) and condition.get("source") == "operator":
+        at = condition.get("at")
+        when = time.strftime(" at %H:%M:%S UTC", time.gmtime(at)) if isinstance(at, (int, float)) else ""
+        cause += f"; killed by {text(condition.get('by'))} via {text(condition.get('via'))}{when}"
+    elif isinstance(condition, dict) and condition:
+        cause += "; " + ", ".join(f"{k} {v}" for k, v in sorted(condition.items()))
+    counters = receipt.get("counters") if isinstance(receipt.get("counters"), dict) else {}
+    assert isinstance(counters, dict)
+    parts = [
+        f"{counters.get('tool_calls', 0)} tool calls",
+        f"{counters.get('steps', 0)} steps",
+        f"{counters.get('input_tokens', 0)} + {counters.get('output_tokens', 0)} tokens",
+    ]
+    if isinstance(counters.get("cost_usd"), (int, float)):
+        parts.append(f"${counters['cost_usd']:.4f}")
+    if isinstance(counters.get("duration_s"), (int, float)):
+        parts.append(f"{counters['duration_s']:.1f} s")
+    verdict = receipt.get("verdict")
+    return [
+        ("stop cause", cause),
+        ("health", text(health) + (f": {health_reason}" if health_reason else "")),
+        ("verdict at the end", text(verdict.get("verdict") if isinstance(verdict, dict) else verdict)),
+        ("counters", ", ".join(parts)),
+        ("versions", f"policy {text(receipt.get('policy_version'))} · normalizer {text(receipt.get('normalizer_version'))}"),
+    ]
 
 
 class _Pages:
@@ -184,7 +237,7 @@ class _Pages:
             "total": sum(reasons.values()),
             "chart": _stacked_chart(buckets, start, hours),
             "tools": [(t or "?", int(n)) for t, n in tools],
-            "agents": [(a or "(unnamed)", int(n)) for a, n in agents],
+            "agents": [(a or NO_AGENT, int(n)) for a, n in agents],
         }
 
     def runs_page(self, request: Request, now: float) -> dict[str, Any]:
@@ -234,13 +287,16 @@ class _Pages:
                 health_reason = classify(StopReceipt.from_dict(row.receipt)).reason
             except Exception:  # an older or partial receipt: show the state alone
                 health_reason = None
+        flag = self.svc.kill.get(trace_id, now)
         return {
             "run": row,
             "verdicts": self.store.verdicts(trace_id),
             "calls": self.store.calls(trace_id),
-            "flag": self.svc.kill.get(trace_id, now),
+            "flag": flag,
             "receipt": receipt,
+            "summary": _receipt_summary(row.receipt, row.health, health_reason) if row.receipt else [],
             "health_reason": health_reason,
+            "actions": _actions(row.status, row.verdict, bool(row.acknowledged), flag is not None),
         }
 
 

@@ -493,7 +493,7 @@ class Fleet:
                 service = None
                 if resource:
                     name = resource.get("service.name")
-                    if type(name) is str:
+                    if type(name) is str and not name.startswith("unknown_service"):  # the SDK's "unnamed"
                         service = name[:200]
             exception_type = error_name(view.exception_type)
             sig: Signature | None = None
@@ -1007,7 +1007,7 @@ class Fleet:
                 cost_after = (trace.cost_nusd - trace.cost_at_stuck) / 1e9
         return RunRow(  # by position (see RunRow), in its fields' order
             tid,
-            trace.agent,
+            trace.agent or trace.service,  # named from the first span: service.name until a span names the agent
             trace.service,
             "running",  # status
             trace.verdict._value_,  # ._value_: .value is a property, 7x slower

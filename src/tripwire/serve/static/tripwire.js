@@ -8,8 +8,16 @@
     fetch(url, { credentials: "same-origin", headers: { "X-Requested-With": "tripwire" } })
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
-        if (html !== null && html !== el.innerHTML) {
-          el.innerHTML = html;
+        if (html !== null) {
+          // A disclosure the reader opened stays open across refreshes (matched by its id).
+          var open = [];
+          var shown = el.querySelectorAll("details[open][id]");
+          for (var i = 0; i < shown.length; i++) { open.push(shown[i].id); shown[i].open = false; }
+          if (html !== el.innerHTML) { el.innerHTML = html; }
+          for (var j = 0; j < open.length; j++) {
+            var d = document.getElementById(open[j]);
+            if (d) { d.open = true; }
+          }
         }
         var stamp = document.getElementById("live-stamp");
         if (stamp) { stamp.textContent = "updated " + new Date().toLocaleTimeString(); }
