@@ -329,3 +329,60 @@ def test_actions_show_only_where_they_apply_and_the_receipt_reads_as_a_summary(l
         assert client.post("/v1/traces", content=protobuf_body(root), headers=pb).status_code == 200
         page = client.get(f"/runs/{tid}").text
         assert "<dt>stop cause</dt><dd>loop_detected (end: stop_condition); call_index 6" in page
+
+
+def _pattern_spans(queries: str) -> tuple[Any, ...]:
+    """A run still going: one tool span per letter of ``queries``, the letter its argument."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("tests")
+    with tracer.start_as_current_span("invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent"}):
+        for i, q in enumerate(queries):
+            with tracer.start_as_current_span("execute_tool fetch_page", attributes={
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "fetch_page", "gen_ai.tool.call.id": f"p{i}",
+                "gen_ai.tool.call.arguments": json.dumps({"page": q}),
+            }):
+                pass
+    provider.shutdown()
+    return tuple(s for s in exporter.get_finished_spans() if s.parent is not None)
+
+
+def _no_sideways_scroll(page: Any) -> None:
+    assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth"), page.url
+
+
+def test_the_loop_is_drawn_one_coloured_cell_per_call_and_no_page_scrolls_sideways_at_390px(browser: Any, live: Running) -> None:
+    looping = [s for s in loop_spans(6) if s.parent is not None]
+    cycling = _pattern_spans("xyxyxyxy")
+    for spans in (looping, cycling):
+        assert httpx.post(f"{live.url}/v1/traces", content=protobuf_body(spans), headers=PB).status_code == 200
+    page = _page(browser, live)
+    page.goto(f"{live.url}/runs/{trace_id_of(looping)}")
+    cells = page.locator("ol.strip li")
+    assert cells.count() == 6
+    classes = {c.get_attribute("class").replace(" changed", "") for c in cells.all()}
+    assert len(classes) == 1 and classes.pop().startswith("cell sig-")  # one signature, one colour
+    assert [c.locator(".letter").inner_text() for c in cells.all()] == ["A"] * 6
+    assert "search_docs" in (cells.first.get_attribute("title") or "")
+    # The verdict changed at the call the service judged stuck: that cell is marked.
+    (changed,) = page.locator("ol.strip li.changed").all()
+    assert "verdict: stuck (repetition)" in (changed.get_attribute("title") or "")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-run-loop-strip.png"), full_page=True)
+    page.goto(f"{live.url}/runs/{trace_id_of(cycling)}")
+    cells = page.locator("ol.strip li")
+    letters = [c.locator(".letter").inner_text() for c in cells.all()]
+    assert letters == ["A", "B"] * 4  # A-B-A-B readable at a glance
+    colour = [c.get_attribute("class").split()[1] for c in cells.all()]
+    assert colour[0::2] == [colour[0]] * 4 and colour[1::2] == [colour[1]] * 4
+    page.screenshot(path=str(ARTIFACTS / "dashboard-run-cycle-strip.png"), full_page=True)
+    # At 390 px every page fits: tables scroll in their own box.
+    page.set_viewport_size({"width": 390, "height": 844})
+    for path in ("/", "/runs?since=24h", f"/runs/{trace_id_of(looping)}"):
+        page.goto(f"{live.url}{path}")
+        _no_sideways_scroll(page)
+        page.screenshot(path=str(ARTIFACTS / f"dashboard-390px{path.replace('/', '-').split('?')[0] or '-fleet'}.png"), full_page=True)

@@ -101,9 +101,60 @@ def _stacked_chart(buckets: list[dict[str, int]], start: float, hours: int) -> s
     total = sum(sum(b.values()) for b in buckets)
     label = f"Runs ended per hour over the last {hours} hours, by stop reason: {total} in all"
     return (
-        f'<svg role="img" aria-label="{label}" width="{width}" height="{height}">'
+        f'<svg class="chart" role="img" aria-label="{label}" width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
         f"{''.join(parts)}{legend}</svg>"
     )
+
+
+PALETTE_SIZE: Final = 12
+"""The loop strip's colours: classes ``sig-0`` … ``sig-11`` in tripwire.css (the CSP forbids
+inline styles)."""
+
+
+def _letters(n: int) -> str:
+    """0 → A, 25 → Z, 26 → AA: a signature's name on the strip, in order of first appearance."""
+    out = ""
+    n += 1
+    while n:
+        n, r = divmod(n - 1, 26)
+        out = chr(65 + r) + out
+    return out
+
+
+def _strip(calls: list[Any], history: list[Any]) -> list[dict[str, Any]]:
+    """The loop drawn: one cell per call, its colour class from its signature's digest (the same
+    signature, the same colour, on every page and every refresh), a letter per signature in order
+    of first appearance (A A A A, A B A B: readable as text too), the calls where the verdict
+    changed marked, the tool (and the raw arguments, when the service keeps them) on hover."""
+    changes: dict[int, str] = {}
+    for v in history:
+        if v.call_index is not None:
+            what = v.stop_reason or v.verdict
+            changes[v.call_index] = what + (f" ({v.rule})" if v.rule else "")
+    names: dict[str, str] = {}
+    cells = []
+    for c in calls:
+        digest = c.digest or ""
+        if digest not in names:
+            names[digest] = _letters(len(names))
+        try:
+            colour: int | None = int(digest[:8], 16) % PALETTE_SIZE
+        except ValueError:  # no digest recorded
+            colour = None
+        title = f"#{c.call_index} {c.tool}" + (f" · signature {digest[:12]}" if digest else "")
+        if c.raw:
+            title += f" · {c.raw[:200]}"
+        change = changes.get(c.call_index)
+        if change:
+            title += f" · verdict: {change}"
+        cells.append({
+            "index": c.call_index,
+            "letter": names[digest],
+            "css": f"sig-{colour}" if colour is not None else "sig-none",
+            "title": title,
+            "change": change,
+        })
+    return cells
 
 
 def _actions(status: str, verdict: str, acknowledged: bool, flag_up: bool) -> list[str]:
@@ -288,10 +339,13 @@ class _Pages:
             except Exception:  # an older or partial receipt: show the state alone
                 health_reason = None
         flag = self.svc.kill.get(trace_id, now)
+        calls = self.store.calls(trace_id)
+        history = self.store.verdicts(trace_id)
         return {
             "run": row,
-            "verdicts": self.store.verdicts(trace_id),
-            "calls": self.store.calls(trace_id),
+            "verdicts": history,
+            "calls": calls,
+            "strip": _strip(calls, history),
             "flag": flag,
             "receipt": receipt,
             "summary": _receipt_summary(row.receipt, row.health, health_reason) if row.receipt else [],
