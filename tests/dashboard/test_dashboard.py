@@ -183,6 +183,7 @@ def test_a_signed_in_browser_cannot_be_made_to_act_by_another_page(live: Running
     spans = [s for s in loop_spans(2) if s.parent is not None]  # a run still going: its page has a form
     tid = trace_id_of(spans)
     assert httpx.post(f"{live.url}/v1/traces", content=protobuf_body(spans), headers=PB).status_code == 200
+    _wait_row(live, tid)
     with httpx.Client(base_url=live.url) as browser_like:
         signed = browser_like.post("/login", data={"token": TOKEN, "next": "/"}, follow_redirects=False)
         assert signed.status_code == 303
@@ -233,6 +234,14 @@ def test_sign_in_is_throttled_per_address(live: Running) -> None:
     assert httpx.get(f"{live.url}/api/runs", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
 
 
+def _wait_row(live: Running, tid: str) -> None:
+    """A run that is not stuck is written by the background flush, just after the export's answer."""
+    deadline = time.monotonic() + 10
+    while live.store.run(tid) is None:
+        assert time.monotonic() < deadline, f"run {tid} never written"
+        time.sleep(0.05)
+
+
 def _tool_spans(service: str | None, n: int) -> tuple[Any, ...]:
     """A run still going: ``n`` identical tool spans under a root span that has not ended
     (not sent), from an exporter whose resource is ``service.name=service`` (None: the SDK's
@@ -262,6 +271,7 @@ def test_a_running_run_is_named_by_its_exporters_service_name_and_an_unnamed_one
     named, unnamed = _tool_spans("billing-bot", 3), _tool_spans(None, 3)
     for spans in (named, unnamed):
         assert httpx.post(f"{live.url}/v1/traces", content=protobuf_body(spans), headers=PB).status_code == 200
+        _wait_row(live, trace_id_of(spans))
     runs_page = httpx.get(f"{live.url}/fragments/runs?since=24h", headers=auth).text
     rows = {tid: runs_page.split(f'data-run="{tid}"', 1)[1].split("</tr>", 1)[0] for tid in (trace_id_of(named), trace_id_of(unnamed))}
     # It showed "—" until the root span ended.
@@ -314,6 +324,7 @@ def test_actions_show_only_where_they_apply_and_the_receipt_reads_as_a_summary(l
         gid = trace_id_of(going)
         pb = {"Content-Type": "application/x-protobuf"}
         assert client.post("/v1/traces", content=protobuf_body([s for s in going if s.parent is not None]), headers=pb).status_code == 200
+        _wait_row(live, gid)
         assert _buttons(client.get(f"/runs/{gid}").text) == {"kill"}
         assert client.post(f"/runs/{gid}/kill", data={"csrf": csrf[1]}).status_code == 303
         assert client.post("/v1/traces", content=protobuf_body([s for s in going if s.parent is None]), headers=pb).status_code == 200
@@ -386,3 +397,36 @@ def test_the_loop_is_drawn_one_coloured_cell_per_call_and_no_page_scrolls_sidewa
         page.goto(f"{live.url}{path}")
         _no_sideways_scroll(page)
         page.screenshot(path=str(ARTIFACTS / f"dashboard-390px{path.replace('/', '-').split('?')[0] or '-fleet'}.png"), full_page=True)
+
+
+def test_a_looping_agent_appears_in_stuck_now_and_is_killed_and_acknowledged_from_the_fleet_page(browser: Any, live: Running) -> None:
+    page = _page(browser, live)
+    assert "No run is stuck right now." in page.locator("[data-stuck-now]").inner_text()
+    hours = page.locator("svg.chart text.hour")
+    now = time.time()
+    start = now - now % 3600 - 23 * 3600
+    assert hours.count() == 8  # the chart had no time axis (y labels 0 and 1 only)
+    assert hours.first.text_content() == time.strftime("%H:00", time.gmtime(start))
+    spans = [s for s in loop_spans(6, agent="looper") if s.parent is not None]
+    tid = trace_id_of(spans)
+    started = time.monotonic()
+    assert httpx.post(f"{live.url}/v1/traces", content=protobuf_body(spans), headers=PB).status_code == 200
+    row = page.locator(f'[data-stuck-now] tr[data-run="{tid}"]')
+    row.wait_for(timeout=10_000)  # the page refreshes itself: no reload
+    assert time.monotonic() - started < 10
+    cells = row.locator("td").all_inner_texts()
+    assert cells[2] == "search_docs" and cells[3] == "repetition" and cells[4] == "2"  # stuck at the 4th of 6 calls
+    assert "flag up" in cells[7]  # the service raised it; an operator lowers it through the API...
+    assert httpx.post(f"{live.url}/api/runs/{tid}/resolve", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    # ...and kills it again from the Fleet page, in place.
+    row.get_by_role("button", name="Kill").click(timeout=10_000)
+    page.wait_for_url(f"{live.url}/?done=*")
+    assert "Kill flag raised" in page.get_by_role("status").inner_text()
+    flag = live.service.kill.get(tid, time.time())
+    assert flag is not None and flag["by"] == "operator"
+    page.locator(f'[data-stuck-now] tr[data-run="{tid}"]').get_by_role("button", name="Acknowledge").click()
+    page.wait_for_url(f"{live.url}/?done=*")
+    assert "Acknowledged" in page.get_by_role("status").inner_text()
+    assert live.store.run(tid).acknowledged  # type: ignore[union-attr]
+    assert page.locator(f'[data-stuck-now] tr[data-run="{tid}"]').get_by_role("button").count() == 0
+    page.screenshot(path=str(ARTIFACTS / "dashboard-fleet-stuck-now.png"), full_page=True)

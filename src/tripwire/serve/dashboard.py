@@ -76,7 +76,7 @@ def _stacked_chart(buckets: list[dict[str, int]], start: float, hours: int) -> s
     reasons = sorted({r for b in buckets for r in b})
     colours = ["#0b4f9c", "#a4161a", "#1b6e2a", "#7a4b00", "#5a189a", "#333333", "#00695c"]
     top: float = max((sum(b.values()) for b in buckets), default=0) or 1
-    width, height, left, bottom = 760, 180, 40, 150
+    width, height, left, bottom = 760, 196, 40, 150
     bar = (width - left) / hours
     parts = []
     for i, b in enumerate(buckets):
@@ -93,9 +93,13 @@ def _stacked_chart(buckets: list[dict[str, int]], start: float, hours: int) -> s
                 f'fill="{colours[j % len(colours)]}"><title>{when}: {n} {reason}</title></rect>'
             )
     parts.append(f'<text x="0" y="{bottom}">0</text><text x="0" y="24">{top:g}</text>')
+    parts.append(f'<line x1="{left}" y1="{bottom}" x2="{width}" y2="{bottom}" class="axis"></line>')
+    for i in range(0, hours, 3):  # the time axis: every third hour, UTC
+        when = time.strftime("%H:00", time.gmtime(start + i * 3600))
+        parts.append(f'<text x="{left + i * bar:.1f}" y="{bottom + 12}" class="hour">{when}</text>')
     legend = "".join(
-        f'<rect x="{left + k * 130}" y="162" width="10" height="10" fill="{colours[k % len(colours)]}"></rect>'
-        f'<text x="{left + k * 130 + 14}" y="171">{reason}</text>'
+        f'<rect x="{left + k * 130}" y="178" width="10" height="10" fill="{colours[k % len(colours)]}"></rect>'
+        f'<text x="{left + k * 130 + 14}" y="187">{reason}</text>'
         for k, reason in enumerate(reasons)
     )
     total = sum(sum(b.values()) for b in buckets)
@@ -155,6 +159,15 @@ def _strip(calls: list[Any], history: list[Any]) -> list[dict[str, Any]]:
             "change": change,
         })
     return cells
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3 min``, ``2 h 5 min``: how long a run has been stuck."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min"
+    return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:.0f} min"
 
 
 def _actions(status: str, verdict: str, acknowledged: bool, flag_up: bool) -> list[str]:
@@ -272,6 +285,7 @@ class _Pages:
                 .limit(10)
             ).all()
         hours = 24
+        stuck_now = self.stuck_now(now)
         start = now - now % 3600 - (hours - 1) * 3600
         buckets: list[dict[str, int]] = [{} for _ in range(hours)]
         reasons: dict[str, int] = {}
@@ -282,6 +296,7 @@ class _Pages:
             if 0 <= i < hours:
                 buckets[i][key] = buckets[i].get(key, 0) + 1
         return {
+            "stuck_now": stuck_now,
             "counts": {str(k): int(v) for k, v in counts.items()},
             "stopped": {"runs": int(stopped[0]), "calls_after": int(stopped[1]), "cost_after": float(stopped[2])},
             "reasons": sorted(reasons.items(), key=lambda kv: -kv[1]),
@@ -290,6 +305,41 @@ class _Pages:
             "tools": [(t or "?", int(n)) for t, n in tools],
             "agents": [(a or NO_AGENT, int(n)) for a, n in agents],
         }
+
+    def stuck_now(self, now: float, limit: int = 20) -> list[dict[str, Any]]:
+        """The runs judged stuck and still going, longest stuck first: agent, the tool and rule
+        of their stuck verdict, calls and money since, how long, whether their flag is up."""
+        with self.store.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(runs.c.trace_id, runs.c.agent, runs.c.rule, runs.c.calls_after_stuck,
+                          runs.c.cost_after_stuck, runs.c.acknowledged, runs.c.updated_at)
+                .where(runs.c.status == "running", runs.c.verdict == "stuck")
+                .order_by(runs.c.created_at)
+                .limit(limit)
+            ).all()
+            first: dict[str, tuple[float, str | None]] = {}
+            if rows:
+                for tid, at, tool in conn.execute(
+                    sa.select(verdicts.c.trace_id, verdicts.c.at, verdicts.c.tool)
+                    .where(verdicts.c.trace_id.in_([r.trace_id for r in rows]), verdicts.c.verdict == "stuck")
+                    .order_by(verdicts.c.id)
+                ).all():
+                    first.setdefault(tid, (at, tool))
+        out = []
+        for r in rows:
+            at, tool = first.get(r.trace_id, (r.updated_at, None))
+            out.append({
+                "trace_id": r.trace_id,
+                "agent": r.agent or NO_AGENT,
+                "tool": tool or "?",
+                "rule": r.rule or "—",
+                "calls_after": int(r.calls_after_stuck or 0),
+                "cost_after": r.cost_after_stuck,
+                "for": _duration(max(now - (at or now), 0.0)),
+                "acknowledged": bool(r.acknowledged),
+                "flag_up": self.svc.kill.get(r.trace_id, now) is not None,
+            })
+        return out
 
     def runs_page(self, request: Request, now: float) -> dict[str, Any]:
         q = request.query_params
@@ -401,14 +451,14 @@ def dashboard_routes(svc: Service) -> list[Any]:
         if denied is not None:
             return denied
         data = await asyncio.to_thread(pages.fleet, svc.clock())
-        return pages.page("fleet.html", title="Fleet", page="fleet", **data)
+        return pages.page("fleet.html", title="Fleet", page="fleet", csrf=pages.csrf(request), flash=request.query_params.get("done"), **data)
 
     async def fleet_fragment(request: Request) -> Response:
         denied = pages.guard(request)
         if denied is not None:
             return denied
         data = await asyncio.to_thread(pages.fleet, svc.clock())
-        return pages.page("fleet_fragment.html", **data)
+        return pages.page("fleet_fragment.html", csrf=pages.csrf(request), **data)
 
     async def runs_list(request: Request) -> Response:
         denied = pages.guard(request)
@@ -461,6 +511,8 @@ def dashboard_routes(svc: Service) -> list[Any]:
         if done_row is None:
             return HTMLResponse(f"<p>No run {escape(trace_id[:32])} in the store.</p>", status_code=404)
         done = _DONE[action]
+        if form.get("back") == "fleet":  # acted from the Fleet's "stuck now" list: back there
+            return RedirectResponse("/?" + urlencode({"done": f"Run {trace_id[:12]}: {done}"}), status_code=303)
         return RedirectResponse(f"/runs/{trace_id}?" + urlencode({"done": done}), status_code=303)
 
     return [
