@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -26,6 +28,10 @@ def test_demo_serve_runs_a_fleet_that_the_service_judges() -> None:
         match = re.search(r"token (\S+?)\)", first)
         assert match, first
         assert f"http://127.0.0.1:{port}/" in first
+        # The demo names the report command for the store it writes (it never did).
+        second = proc.stdout.readline()
+        assert "tripwire report --store sqlite:///" in second, second
+        report_args = shlex.split(second[second.index("tripwire report"):])[1:]
         headers = {"Authorization": f"Bearer {match.group(1)}"}
         deadline = time.monotonic() + 35
         runs: list[dict[str, object]] = []
@@ -50,6 +56,13 @@ def test_demo_serve_runs_a_fleet_that_the_service_judges() -> None:
         assert by_agent["support-bot"]["tool_calls"] < 15
         page = httpx.get(f"http://127.0.0.1:{port}/", headers=headers)
         assert page.status_code == 200 and "Fleet" in page.text
+        # That command, as printed, reports on the demo's runs.
+        done = subprocess.run(
+            [sys.executable, "-c", "from tripwire.cli import main; main()", *report_args, "--json"],
+            capture_output=True, text=True, env=env, timeout=120, check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert {"support-bot", "research-agent"} <= {a["agent"] for a in json.loads(done.stdout)["agents"]}
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -97,6 +97,7 @@ def _cell(stop: int | None, wasted: int, cut: int) -> str:
 
 def _serve_demo(port: int, duration: float | None) -> None:
     import secrets
+    import shlex
     import tempfile
     import threading
     from pathlib import Path
@@ -142,6 +143,8 @@ def _serve_demo(port: int, duration: float | None) -> None:
         f"(sign in with the token [bold]{token}[/]); run store {store_url}; Ctrl-C stops it.",
         soft_wrap=True,
     )
+    report = f"tripwire report --store {shlex.quote(store_url)}"
+    out_console.print(f"Report on its runs, now or after: [bold]{escape(report)}[/]", soft_wrap=True)
     threads = [threading.Thread(target=fleet, daemon=True), threading.Thread(target=timer, daemon=True)]
     for t in threads:
         t.start()
@@ -154,3 +157,4 @@ def _serve_demo(port: int, duration: float | None) -> None:
         import tripwire.remote
 
         tripwire.remote.disconnect()
+        out_console.print(f"The demo's runs stay in {store_url}: {escape(report)}", soft_wrap=True, highlight=False)
