@@ -390,6 +390,7 @@ def test_the_loop_is_drawn_one_coloured_cell_per_call_and_no_page_scrolls_sidewa
     assert letters == ["A", "B"] * 4  # A-B-A-B readable at a glance
     colour = [c.get_attribute("class").split()[1] for c in cells.all()]
     assert colour[0::2] == [colour[0]] * 4 and colour[1::2] == [colour[1]] * 4
+    assert colour[0] != colour[1]  # two signatures, two colours (by digest, they once shared one)
     page.screenshot(path=str(ARTIFACTS / "dashboard-run-cycle-strip.png"), full_page=True)
     # At 390 px every page fits: tables scroll in their own box.
     page.set_viewport_size({"width": 390, "height": 844})

@@ -126,25 +126,26 @@ def _letters(n: int) -> str:
 
 
 def _strip(calls: list[Any], history: list[Any]) -> list[dict[str, Any]]:
-    """The loop drawn: one cell per call, its colour class from its signature's digest (the same
-    signature, the same colour, on every page and every refresh), a letter per signature in order
-    of first appearance (A A A A, A B A B: readable as text too), the calls where the verdict
-    changed marked, the tool (and the raw arguments, when the service keeps them) on hover."""
+    """The loop drawn: one cell per call, a letter and a colour class per signature in order of
+    first appearance (A A A A, A B A B: readable as text too; twelve signatures get twelve
+    different colours, where a colour taken from the digest gave A and B the same one in about
+    one run of twelve), the calls where the verdict changed marked, the tool (and the raw
+    arguments, when the service keeps them) on hover."""
     changes: dict[int, str] = {}
     for v in history:
         if v.call_index is not None:
             what = v.stop_reason or v.verdict
             changes[v.call_index] = what + (f" ({v.rule})" if v.rule else "")
     names: dict[str, str] = {}
+    order: dict[str, int] = {}
     cells = []
     for c in calls:
         digest = c.digest or ""
+        if digest and digest not in order:
+            order[digest] = len(order)
         if digest not in names:
             names[digest] = _letters(len(names))
-        try:
-            colour: int | None = int(digest[:8], 16) % PALETTE_SIZE
-        except ValueError:  # no digest recorded
-            colour = None
+        colour = order[digest] % PALETTE_SIZE if digest else None  # no digest recorded: none
         title = f"#{c.call_index} {c.tool}" + (f" · signature {digest[:12]}" if digest else "")
         if c.raw:
             title += f" · {c.raw[:200]}"
